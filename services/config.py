@@ -1,0 +1,122 @@
+"""One settings object per process.
+
+Values come, highest priority first, from keyword arguments, environment
+variables `MIRROR_SD_*` (nested with `__`, e.g.
+`MIRROR_SD_SPECULATIVE__MAX_DRAFT_TOKENS=6`), the YAML file named by
+`MIRROR_SD_CONFIG`, and the defaults below, which run on one laptop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+logger = logging.getLogger(__name__)
+
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
+
+
+class SpeculativeSettings(BaseModel):
+    """Block length (gamma) control and the low-acceptance fallback."""
+
+    num_draft_tokens: int = Field(4, ge=1, description="initial gamma")
+    min_draft_tokens: int = Field(1, ge=1)
+    max_draft_tokens: int = Field(8, ge=1)
+    window: int = Field(10, ge=1, description="rounds of acceptance history")
+    raise_above: float = Field(0.8, ge=0.0, le=1.0, description="window acceptance that grows gamma")
+    raise_step: int = Field(2, ge=0)
+    lower_step: int = Field(1, ge=0)
+    fallback_below: float = Field(0.3, ge=0.0, le=1.0, description="acceptance that switches to target-only")
+    fallback_min_rounds: int = Field(5, ge=1, description="drafted rounds seen before fallback may trigger")
+    probe_after_rounds: int = Field(64, ge=0, description="target-only rounds before drafting is retried; 0 never")
+    ngram_max: int = Field(4, ge=1)
+    ngram_min: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "SpeculativeSettings":
+        if not self.min_draft_tokens <= self.num_draft_tokens <= self.max_draft_tokens:
+            raise ValueError(
+                f"need min_draft_tokens <= num_draft_tokens <= max_draft_tokens, got "
+                f"{self.min_draft_tokens} <= {self.num_draft_tokens} <= {self.max_draft_tokens}"
+            )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min {self.ngram_min} > ngram_max {self.ngram_max}")
+        return self
+
+
+class SchedulerSettings(BaseModel):
+    """Verify-side batching (the seed's `scheduler:` block)."""
+
+    max_batch_size: int = Field(8, ge=1)
+    timeout_ms: float = Field(50.0, ge=0.0)
+    similarity_threshold: float = Field(0.8, ge=0.0, le=1.0)
+
+
+def _default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("mirror-sd"))
+
+
+def _default_database_url() -> str:
+    data_dir = Path(platformdirs.user_data_dir("mirror-sd"))
+    return f"sqlite:///{data_dir / 'mirror-sd.db'}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MIRROR_SD_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    environment: Literal["development", "test", "production"] = "development"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = Field(default_factory=_default_database_url)
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+
+    target: str = "smollm2-135m"
+    target_precision: Precision = "fp32"
+    draft: str = "ngram"
+    draft_precision: Precision = "fp32"
+    device: str = "cpu"
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
+
+    prefill_chunk_size: int = Field(512, ge=1)
+    max_new_tokens_limit: int = Field(4096, ge=1)
+
+    speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources = [init_settings, env_settings]
+        config_file = os.environ.get("MIRROR_SD_CONFIG")
+        if config_file:
+            if not Path(config_file).is_file():
+                raise ValueError(f"MIRROR_SD_CONFIG={config_file!r} is not a file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, validated once at start."""
+    return Settings()

@@ -1,0 +1,7 @@
+"""The in-process engine: a target session, a drafter, one round at a time."""
+
+from services.engine.generate import GenerationResult, generate
+from services.engine.session import GenerationSession
+from services.engine.target import TargetSession
+
+__all__ = ["GenerationResult", "GenerationSession", "TargetSession", "generate"]

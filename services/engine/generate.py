@@ -1,0 +1,98 @@
+"""Run a whole request in-process and time it (the CLI and the benchmark's `ar`/`sd` modes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.config import SpeculativeSettings
+from services.engine.session import GenerationSession
+from services.models.drafters.factory import DraftSource
+from services.models.loading import LoadedModel
+from services.speculative.sampling import SamplingParams
+from services.speculative.stats import SpecDecodingStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    stats: SpecDecodingStats
+    draft: str  # "none" for target-only decoding
+    ttft_s: float  # prefill + first round
+    total_s: float
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """generated tokens / wall time of the whole request, prefill included."""
+        return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.num_tokens,
+            "finish_reason": self.finish_reason,
+            "draft": self.draft,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "tokens_per_s": self.tokens_per_s,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def generate(
+    target: LoadedModel,
+    draft_source: DraftSource,
+    prompt_ids: Sequence[int],
+    *,
+    sampling: SamplingParams | None = None,
+    max_new_tokens: int = 128,
+    stop: Sequence[str] = (),
+    speculative: SpeculativeSettings | None = None,
+    num_draft_tokens: int | None = None,
+    ignore_eos: bool = False,
+    chunk_size: int = 512,
+) -> GenerationResult:
+    started = time.perf_counter()
+    session = GenerationSession(
+        target,
+        draft_source.new_drafter(),
+        prompt_ids,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        stop=stop,
+        speculative=speculative,
+        num_draft_tokens=num_draft_tokens,
+        ignore_eos=ignore_eos,
+        chunk_size=chunk_size,
+    )
+    ttft_s = 0.0
+    try:
+        while not session.finished:
+            session.step()
+            if not ttft_s:
+                ttft_s = time.perf_counter() - started
+    finally:
+        session.release()
+    return GenerationResult(
+        text=session.text(),
+        token_ids=list(session.output_ids),
+        prompt_tokens=len(session.prompt_ids),
+        finish_reason=session.finish_reason or "length",
+        stats=session.stats,
+        draft=draft_source.spec,
+        ttft_s=ttft_s,
+        total_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,70 @@
+"""Turn a `--draft` spec into a source of per-session drafters.
+
+Specs: `ngram` (prompt lookup, no model); `int8`, `bf16`, `fp16` (a
+reduced-precision copy of the target, the self-draft; `self:fp32` for an
+exact copy); `none` (target-only); anything else is a model spec for
+`load_model` (built-in alias, directory, GGUF file, cached HF id) that must
+share the target's tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from services.config import SpeculativeSettings
+from services.models.drafters.base import Drafter
+from services.models.drafters.model import ModelDrafter
+from services.models.drafters.ngram import NgramDrafter
+from services.models.loading import LoadedModel, check_same_tokenizer, load_model
+from services.models.precision import PRECISIONS
+
+logger = logging.getLogger(__name__)
+
+SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
+
+
+@dataclass
+class DraftSource:
+    """Loaded once per process; hands each session its own drafter."""
+
+    spec: str
+    model: LoadedModel | None = None  # None for n-gram and target-only
+    ngram_max: int = 4
+    ngram_min: int = 2
+    chunk_size: int = 512
+
+    @property
+    def is_none(self) -> bool:
+        return self.spec == "none"
+
+    def new_drafter(self) -> Drafter | None:
+        if self.is_none:
+            return None
+        if self.model is None:
+            return NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
+        return ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
+
+
+def load_draft_source(
+    spec: str,
+    target: LoadedModel,
+    *,
+    speculative: SpeculativeSettings | None = None,
+    precision: str = "fp32",
+    chunk_size: int = 512,
+) -> DraftSource:
+    speculative = speculative or SpeculativeSettings()
+    common = {"ngram_max": speculative.ngram_max, "ngram_min": speculative.ngram_min, "chunk_size": chunk_size}
+    if spec in ("none", "ngram"):
+        return DraftSource(spec, None, **common)
+    self_precision = spec if spec in SELF_DRAFT_SHORTHANDS else None
+    if spec.startswith("self:"):
+        self_precision = spec.split(":", 1)[1]
+        if self_precision not in PRECISIONS:
+            raise ValueError(f"draft {spec!r}: precision must be one of {', '.join(PRECISIONS)}")
+    if self_precision is not None:
+        return DraftSource(spec, target.with_precision(self_precision), **common)
+    draft = load_model(spec, precision=precision, device=target.device)
+    check_same_tokenizer(target, draft)
+    return DraftSource(spec, draft, **common)

@@ -1,0 +1,137 @@
+"""Load a causal LM and its tokenizer by built-in alias, GGUF file, local directory or cached HF id.
+
+Nothing is downloaded at run time: a model that is not on this machine is a
+clear `ModelNotFoundError`, never a hang on the network.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from services.errors import ModelNotFoundError, TokenizerMismatchError
+from services.models.builtin import BUILTIN_MODELS, convert_builtin, convert_gguf
+from services.models.precision import apply_precision
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: nn.Module  # a transformers causal LM
+    tokenizer: object | None  # a transformers tokenizer, or None for id-only models
+    precision: str = "fp32"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.config, getattr(self.model, "generation_config", None), self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    def with_precision(self, precision: str) -> "LoadedModel":
+        """A copy of this model at another precision (the self-draft)."""
+        model = apply_precision(copy.deepcopy(self.model), precision, self.device)
+        return LoadedModel(f"{self.name}@{precision}", model, self.tokenizer, precision, self.device)
+
+
+def _gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir / "models" / f"{gguf_path.stem}-{key}"
+
+
+def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, str]:
+    """-> (display name, what to pass to from_pretrained). Converts GGUF files on first use."""
+    if spec in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[spec]
+        return builtin.display_name, str(convert_builtin(builtin, cache_dir))
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.stem, str(convert_gguf(path, _gguf_cache_dir(path, cache_dir), path.stem))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model directory {spec!r} has no config.json")
+        return path.name, str(path)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"model path {spec!r} is neither a model directory nor a .gguf file")
+    return spec, spec  # a Hugging Face id, looked up in the local cache only
+
+
+def load_model(
+    spec: str,
+    *,
+    precision: str = "fp32",
+    device: str | torch.device = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from services.config import get_settings
+
+    # Run-time loads never touch the network, whatever the caller's environment.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cache_dir = cache_dir or get_settings().cache_dir
+    device = torch.device(device)
+    name, source = resolve_model_dir(spec, cache_dir)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        known = ", ".join(sorted(BUILTIN_MODELS))
+        raise ModelNotFoundError(
+            f"model {spec!r} not found: not a built-in alias ({known}), a local directory, a .gguf "
+            f"file, or a Hugging Face id in the local cache (Mirror-SD never downloads at run time)"
+        ) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        logger.warning("model %s has no tokenizer; it accepts token ids only", spec)
+        tokenizer = None
+    model = apply_precision(model, precision, device)
+    logger.info("loaded %s (%s) at %s on %s", name, source, precision, device)
+    return LoadedModel(name, model, tokenizer, precision, device)
+
+
+def _vocab(loaded: LoadedModel) -> dict[str, int] | None:
+    return loaded.tokenizer.get_vocab() if loaded.tokenizer is not None else None
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft that does not speak the target's token ids."""
+    target_vocab, draft_vocab = _vocab(target), _vocab(draft)
+    if target_vocab is not None and draft_vocab is not None:
+        same = target_vocab == draft_vocab
+        target_size, draft_size = len(target_vocab), len(draft_vocab)
+    else:
+        target_size, draft_size = target.vocab_size, draft.vocab_size
+        same = target_size == draft_size
+    if not same:
+        raise TokenizerMismatchError(
+            f"draft {draft.name!r} (vocab size {draft_size}) does not share the tokenizer of "
+            f"target {target.name!r} (vocab size {target_size}); speculative decoding needs the same token ids"
+        )

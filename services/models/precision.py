@@ -1,0 +1,62 @@
+"""Run a model at fp32, bf16, fp16 or int8 (dynamic quantisation of Linear layers, CPU).
+
+Norm layers always compute in fp32: low-precision RMSNorm statistics are
+where reduced-precision drafts lose agreement first.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+from torch import nn
+
+from services.errors import PrecisionError
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+_FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Fp32Norm(nn.Module):
+    """Wraps a norm layer: fp32 weights and math, output cast back to the input dtype."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.float()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.inner(hidden_states.float()).to(hidden_states.dtype)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+
+
+def _keep_norms_fp32(model: nn.Module) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _is_norm(child):
+                setattr(parent, name, Fp32Norm(child))
+
+
+def apply_precision(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
+    """Returns the model (possibly a new object) at `precision` on `device`, in eval mode."""
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    model = model.to(device)
+    if precision == "int8":
+        if device.type != "cpu":
+            raise PrecisionError(f"precision 'int8' (dynamic quantisation) runs on CPU only, not {device}")
+        model = model.float()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao deprecation notice
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    elif precision != "fp32":
+        model = model.to(_FLOAT_DTYPES[precision])
+        _keep_norms_fp32(model)
+    else:
+        model = model.float()
+    return model.eval()

@@ -1,0 +1,185 @@
+"""Lossless greedy SD on tiny random Llama models: every drafter, gamma 1..8, several seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.config import SpeculativeSettings
+from services.engine import GenerationSession, generate
+from services.engine.target import TargetSession
+from services.errors import ContextLengthError
+from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter
+from services.models.loading import LoadedModel
+from services.speculative.sampling import SamplingParams
+from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
+
+MAX_NEW_TOKENS = 40
+
+
+def prompt_for(seed: int, length: int = 12) -> list[int]:
+    generator = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, TINY_VOCAB, (length,), generator=generator).tolist()
+
+
+def run(target, drafter, prompt, *, gamma=4, fixed_gamma=False, max_new_tokens=MAX_NEW_TOKENS, **kwargs):
+    speculative = SpeculativeSettings(
+        num_draft_tokens=gamma,
+        min_draft_tokens=gamma if fixed_gamma else 1,
+        max_draft_tokens=gamma if fixed_gamma else 8,
+        fallback_below=0.0 if fixed_gamma else 0.3,
+    )
+    session = GenerationSession(
+        target, drafter, prompt, max_new_tokens=max_new_tokens, speculative=speculative, ignore_eos=True, **kwargs
+    )
+    while not session.finished:
+        session.step()
+    return session
+
+
+def reference(target: LoadedModel, prompt: list[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
+    """transformers' own greedy generate: an oracle independent of our engine."""
+    with torch.inference_mode():
+        output = target.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            min_new_tokens=max_new_tokens,
+        )
+    return output[0, len(prompt) :].tolist()
+
+
+DRAFTS = {
+    "model-random": lambda target, seed: ModelDrafter(build_tiny_llama(100 + seed)),
+    "model-perturbed": lambda target, seed: ModelDrafter(perturbed_copy(target, scale=0.3, seed=seed)),
+    "self-fp32": lambda target, seed: ModelDrafter(target.with_precision("fp32")),
+    "self-int8": lambda target, seed: ModelDrafter(target.with_precision("int8")),
+    "self-bf16": lambda target, seed: ModelDrafter(target.with_precision("bf16")),
+    "ngram": lambda target, seed: NgramDrafter(ngram_max=3, ngram_min=1),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_target_only_matches_transformers_generate(seed):
+    target = build_tiny_llama(seed)
+    prompt = prompt_for(seed)
+    session = run(target, None, prompt)
+    assert session.output_ids == reference(target, prompt)
+    assert session.stats.num_drafts == 0 and session.stats.num_target_calls == MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize("draft_name", sorted(DRAFTS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_sd_equals_target_only_for_every_gamma(draft_name, seed):
+    target = build_tiny_llama(seed)
+    prompt = prompt_for(seed)
+    expected = reference(target, prompt)
+    drafter = DRAFTS[draft_name](target, seed)
+    for gamma in range(1, 9):
+        session = run(target, drafter, prompt, gamma=gamma, fixed_gamma=True)
+        assert session.output_ids == expected, f"{draft_name} seed {seed} gamma {gamma}"
+        stats = session.stats
+        assert stats.num_emitted_tokens >= MAX_NEW_TOKENS
+        if draft_name == "self-fp32":
+            assert stats.acceptance_rate == 1.0  # same weights: every draft token agrees
+
+
+def test_adaptive_gamma_grows_with_a_good_draft(tiny_target):
+    session = run(tiny_target, ModelDrafter(tiny_target.with_precision("fp32")), prompt_for(0), gamma=2)
+    assert session.controller.num_draft_tokens == 8
+    assert session.stats.mean_acceptance_length > 4
+
+
+def test_bad_draft_falls_back_to_target_only(tiny_target):
+    session = run(tiny_target, ModelDrafter(build_tiny_llama(77)), prompt_for(0), max_new_tokens=60)
+    assert session.controller.num_fallbacks >= 1
+    assert session.stats.num_target_calls > session.stats.num_drafts
+    assert session.output_ids == reference(tiny_target, prompt_for(0), 60)
+
+
+def test_rejected_tokens_are_rolled_back_not_recomputed(tiny_target):
+    prompt = prompt_for(3, length=20)
+    target_session = TargetSession(tiny_target, prompt)
+    drafter = ModelDrafter(build_tiny_llama(5))
+    proposal = drafter.propose(target_session.token_ids, 6, SamplingParams(), None)
+    verification = target_session.verify(proposal.token_ids, None, SamplingParams(), None)
+    assert target_session._lm.num_cached == len(target_session.token_ids) - 1
+    # The drafter cached prompt + 5 of its own tokens; it keeps the agreed prefix.
+    drafter.propose(target_session.token_ids, 2, SamplingParams(), None)
+    assert drafter._lm.cached_ids[: len(prompt) + verification.num_accepted] == (
+        target_session.token_ids[: len(prompt) + verification.num_accepted]
+    )
+
+
+def test_chunked_prefill_gives_the_same_output(tiny_target):
+    prompt = prompt_for(4, length=50)
+    drafter = NgramDrafter(ngram_max=3, ngram_min=1)
+    whole = run(tiny_target, drafter, prompt, chunk_size=512).output_ids
+    chunked = run(tiny_target, drafter, prompt, chunk_size=7).output_ids
+    assert whole == chunked == reference(tiny_target, prompt)
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(tiny_target):
+    prompt = prompt_for(0)
+    drafter = ModelDrafter(perturbed_copy(tiny_target, scale=0.3, seed=0))
+
+    def sample(seed):
+        return run(tiny_target, drafter, prompt, sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=seed))
+
+    first, again, other = sample(1), sample(1), sample(2)
+    assert first.output_ids == again.output_ids
+    assert first.output_ids != other.output_ids
+    assert first.stats.num_accepted_tokens > 0
+
+
+def test_max_new_tokens_is_exact_even_mid_block(tiny_target):
+    for limit in (1, 2, 5, 9):
+        session = run(tiny_target, ModelDrafter(tiny_target.with_precision("fp32")), prompt_for(0), max_new_tokens=limit)
+        assert len(session.output_ids) == limit and session.finish_reason == "length"
+
+
+def test_eos_stops_and_is_not_emitted():
+    probe = build_tiny_llama(0)
+    expected = reference(probe, prompt_for(0))
+    eos = expected[10]
+    target = build_tiny_llama(0, eos_token_id=eos)
+    drafter = ModelDrafter(target.with_precision("fp32"))
+    session = GenerationSession(target, drafter, prompt_for(0), max_new_tokens=40)
+    while not session.finished:
+        session.step()
+    assert session.finish_reason == "stop"
+    assert session.output_ids == expected[: expected.index(eos)]
+
+
+def test_context_overflow_is_a_clear_error():
+    target = build_tiny_llama(0, max_position_embeddings=32)
+    with pytest.raises(ContextLengthError, match="prompt of 40 tokens"):
+        TargetSession(target, prompt_for(0, length=40))
+    with pytest.raises(ContextLengthError, match="max_new_tokens 30 exceeds .* context of 32 tokens"):
+        GenerationSession(target, None, prompt_for(0, length=10), max_new_tokens=30)
+
+
+def test_drafts_stop_at_the_context_edge():
+    target = build_tiny_llama(0, max_position_embeddings=32)
+    prompt = prompt_for(0, length=10)
+    session = run(target, ModelDrafter(target.with_precision("fp32")), prompt, gamma=8, max_new_tokens=22)
+    assert len(session.output_ids) == 22
+    assert session.output_ids == reference(target, prompt, 22)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_bad_max_new_tokens(tiny_target, bad):
+    with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 1, got {bad}"):
+        GenerationSession(tiny_target, None, prompt_for(0), max_new_tokens=bad)
+
+
+def test_generate_reports_timings_and_stats(tiny_target):
+    source = DraftSource("self:fp32", tiny_target.with_precision("fp32"))
+    result = generate(tiny_target, source, prompt_for(0), max_new_tokens=20, ignore_eos=True)
+    payload = result.to_dict()
+    assert payload["completion_tokens"] == 20 and payload["finish_reason"] == "length"
+    assert 0 < payload["ttft_s"] <= payload["total_s"]
+    assert payload["stats"]["acceptance_rate"] == 1.0
+    assert payload["tokens_per_s"] > 0

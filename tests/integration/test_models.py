@@ -1,0 +1,110 @@
+"""Loading by directory, refusing mismatched tokenizers and unknown models, precisions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatchError
+from services.models.drafters import load_draft_source
+from services.models.loading import check_same_tokenizer, load_model
+from services.models.precision import Fp32Norm, apply_precision
+from tests.conftest import build_tiny_llama
+
+
+def save_tiny_model(directory, *, seed: int, words: list[str]):
+    """A tiny Llama plus a word-level tokenizer whose vocabulary is `words`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    loaded = build_tiny_llama(seed, vocab_size=len(words))
+    loaded.model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+WORDS = ["<unk>", "</s>", *[f"w{index}" for index in range(62)]]
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "target": save_tiny_model(root / "target", seed=0, words=WORDS),
+        "draft": save_tiny_model(root / "draft", seed=1, words=WORDS),
+        "other": save_tiny_model(root / "other", seed=2, words=[*WORDS[:-1], "different"]),
+        "bigger": save_tiny_model(root / "bigger", seed=3, words=[*WORDS, "extra"]),
+    }
+
+
+def test_load_local_directory_with_tokenizer(tiny_dirs):
+    loaded = load_model(str(tiny_dirs["target"]))
+    assert loaded.name == "target"
+    assert loaded.tokenizer.encode("w1 w2 w3") == [3, 4, 5]
+    assert loaded.vocab_size == len(WORDS)
+
+
+def test_same_tokenizer_draft_is_accepted(tiny_dirs):
+    target = load_model(str(tiny_dirs["target"]))
+    source = load_draft_source(str(tiny_dirs["draft"]), target)
+    assert source.model is not None and source.new_drafter() is not None
+
+
+@pytest.mark.parametrize("which, sizes", [("other", "vocab size 64"), ("bigger", "vocab size 65")])
+def test_tokenizer_mismatch_names_both_models_and_sizes(tiny_dirs, which, sizes):
+    target = load_model(str(tiny_dirs["target"]))
+    with pytest.raises(TokenizerMismatchError) as excinfo:
+        load_draft_source(str(tiny_dirs[which]), target)
+    message = str(excinfo.value)
+    assert f"draft '{which}' ({sizes})" in message
+    assert "target 'target' (vocab size 64)" in message
+
+
+def test_id_only_models_compare_vocab_sizes():
+    check_same_tokenizer(build_tiny_llama(0), build_tiny_llama(1))
+    with pytest.raises(TokenizerMismatchError, match="vocab size 50"):
+        check_same_tokenizer(build_tiny_llama(0), build_tiny_llama(1, vocab_size=50))
+
+
+@pytest.mark.parametrize("spec", ["no-such-org/no-such-model", "./missing-dir", "/tmp/definitely/not/here.gguf"])
+def test_unknown_model_is_a_clear_error_without_network(spec, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ModelNotFoundError, match="not found|neither"):
+        load_model(spec)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_int8_quantises_linears_and_keeps_norms_float(tiny_target):
+    quantised = tiny_target.with_precision("int8").model
+    kinds = {type(module).__name__ for module in quantised.modules()}
+    assert "Linear" in kinds and not any(isinstance(m, nn.Linear) and type(m) is nn.Linear for m in quantised.modules())
+    norms = [m for m in quantised.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all(norm.weight.dtype == torch.float32 for norm in norms)
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_low_precision_keeps_norms_fp32(tiny_target, precision, dtype):
+    model = tiny_target.with_precision(precision).model
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == dtype
+    wrapped = [m for m in model.modules() if isinstance(m, Fp32Norm)]
+    assert len(wrapped) == 2 * 2 + 1  # two per layer, plus the final norm
+    assert all(norm.inner.weight.dtype == torch.float32 for norm in wrapped)
+    with torch.inference_mode():
+        logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.dtype == dtype and torch.isfinite(logits).all()
+
+
+def test_unknown_or_unsupported_precision(tiny_target):
+    with pytest.raises(PrecisionError, match="unknown precision 'int4'"):
+        apply_precision(tiny_target.model, "int4", torch.device("cpu"))
+    with pytest.raises(PrecisionError, match="runs on CPU only"):
+        apply_precision(build_tiny_llama(0).model, "int8", torch.device("meta"))

@@ -1,0 +1,35 @@
+import pytest
+from pydantic import ValidationError
+
+from services.config import Settings
+
+
+def test_yaml_then_env_then_kwargs(tmp_path, monkeypatch):
+    config = tmp_path / "mirror-sd.yaml"
+    config.write_text(
+        "scheduler: {max_batch_size: 4, timeout_ms: 50, similarity_threshold: 0.9}\n"
+        "speculative: {max_draft_tokens: 6}\n"
+        "draft: int8\n"
+    )
+    monkeypatch.setenv("MIRROR_SD_CONFIG", str(config))
+    monkeypatch.setenv("MIRROR_SD_SPECULATIVE__MIN_DRAFT_TOKENS", "2")
+    monkeypatch.setenv("MIRROR_SD_DRAFT", "bf16")
+    settings = Settings(target="somewhere")
+    assert settings.scheduler.max_batch_size == 4
+    assert settings.scheduler.similarity_threshold == 0.9
+    assert settings.speculative.max_draft_tokens == 6  # from YAML
+    assert settings.speculative.min_draft_tokens == 2  # from the environment, merged
+    assert settings.draft == "bf16"  # environment beats YAML
+    assert settings.target == "somewhere"  # keyword beats all
+
+
+def test_bad_values_are_refused(monkeypatch):
+    monkeypatch.setenv("MIRROR_SD_SPECULATIVE__NUM_DRAFT_TOKENS", "12")
+    with pytest.raises(ValidationError, match="num_draft_tokens"):
+        Settings()
+
+
+def test_missing_config_file_is_named(monkeypatch):
+    monkeypatch.setenv("MIRROR_SD_CONFIG", "/nonexistent/mirror.yaml")
+    with pytest.raises(ValueError, match="/nonexistent/mirror.yaml"):
+        Settings()
