@@ -100,6 +100,7 @@ def generate(
     except ValueError as exc:
         _fail(str(exc))
     _setup(threads or settings.num_threads, verbose)
+    from services.engine import GenerationOptions
     from services.engine import generate as run_generate
     from services.models.drafters import load_draft_source
     from services.models.loading import load_model
@@ -127,16 +128,14 @@ def generate(
         if target_model.tokenizer is None:
             raise ValueError(f"target {target_model.name!r} has no tokenizer; it cannot take a text prompt")
         prompt_ids = encode_prompt(target_model.tokenizer, prompt, chat=chat)
-        result = run_generate(
-            target_model,
-            draft_source,
-            prompt_ids,
+        options = GenerationOptions(
             sampling=sampling,
             max_new_tokens=max_new_tokens,
-            stop=stop or (),
+            stop=tuple(stop or ()),
             speculative=speculative,
             chunk_size=settings.prefill_chunk_size,
         )
+        result = run_generate(target_model, draft_source, prompt_ids, options)
     except (MirrorSDError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
@@ -150,6 +149,89 @@ def generate(
         f"acceptance {stats.acceptance_rate:.2f}, mean acceptance length {stats.mean_acceptance_length:.2f}",
         err=True,
     )
+
+
+@app.command()
+def bench(
+    prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON")] = "../shared/data/dev_prompts.jsonl",
+    modes: Annotated[str, typer.Option(help="comma list: ar and sd:<draft>, e.g. ar,sd:ngram,sd:int8")] = "ar,sd:ngram,sd:int8",
+    target: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
+    categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
+    repeat: Annotated[int, typer.Option(min=1)] = 1,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
+    seed: Annotated[int | None, typer.Option()] = 0,
+    threads: Annotated[int | None, typer.Option()] = None,
+    out: Annotated[str, typer.Option(help="folder for results.json and results.md")] = "bench-results",
+) -> None:
+    """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar."""
+    import json as json_lib
+    from pathlib import Path
+
+    from services.bench.prompts import load_prompts, select_prompts
+    from services.bench.report import build_report, to_json, to_markdown
+    from services.bench.runner import check_against_ar, run_mode
+    from services.config import get_settings
+    from services.engine import GenerationOptions
+    from services.models.drafters import load_draft_source
+    from services.models.loading import load_model
+    from services.speculative.sampling import SamplingParams
+
+    settings = get_settings()
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    for mode in mode_list:
+        if mode != "ar" and not mode.startswith("sd:"):
+            _fail(f"unknown mode {mode!r}: use ar or sd:<draft>")
+    try:
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        chosen = select_prompts(
+            load_prompts(Path(prompts)),
+            categories=categories.split(",") if categories else None,
+            limit=limit,
+            per_group=per_group,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    if not chosen:
+        _fail("no prompts selected")
+    _setup(threads or settings.num_threads, False)
+    try:
+        target_model = load_model(target or settings.target, precision=settings.target_precision, device=settings.device)
+    except MirrorSDError as exc:
+        _fail(str(exc))
+    runs_by_mode = {}
+    for mode in mode_list:
+        draft_spec = "none" if mode == "ar" else mode.split(":", 1)[1]
+        source = load_draft_source(draft_spec, target_model, speculative=settings.speculative)
+        options = GenerationOptions(
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            speculative=settings.speculative,
+            chunk_size=settings.prefill_chunk_size,
+        )
+        runs_by_mode[mode] = run_mode(mode, target_model, source, chosen, options, repeat=repeat, warmup=warmup)
+    mismatches = {}
+    if sampling.greedy and "ar" in runs_by_mode:
+        for mode, runs in runs_by_mode.items():
+            if mode != "ar":
+                mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
+    rows = build_report(runs_by_mode)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"prompts": prompts, "modes": mode_list, "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "num_prompts": len(chosen), "target": target_model.name, "threads": threads or settings.num_threads}
+    (out_dir / "results.json").write_text(json_lib.dumps(to_json(rows, runs_by_mode, meta), indent=1))
+    table = to_markdown([r for r in rows if not r.scope.startswith("category:")] + [r for r in rows if r.scope.startswith("category:")])
+    (out_dir / "results.md").write_text(table)
+    typer.echo(table)
+    bad = {mode: ids for mode, ids in mismatches.items() if ids}
+    if bad:
+        for mode, ids in bad.items():
+            typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
+        raise typer.Exit(code=1)
 
 
 @models_app.command("list")

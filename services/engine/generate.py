@@ -7,11 +7,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.config import SpeculativeSettings
+from services.engine.options import GenerationOptions
 from services.engine.session import GenerationSession
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -56,28 +55,10 @@ def generate(
     target: LoadedModel,
     draft_source: DraftSource,
     prompt_ids: Sequence[int],
-    *,
-    sampling: SamplingParams | None = None,
-    max_new_tokens: int = 128,
-    stop: Sequence[str] = (),
-    speculative: SpeculativeSettings | None = None,
-    num_draft_tokens: int | None = None,
-    ignore_eos: bool = False,
-    chunk_size: int = 512,
+    options: GenerationOptions | None = None,
 ) -> GenerationResult:
     started = time.perf_counter()
-    session = GenerationSession(
-        target,
-        draft_source.new_drafter(),
-        prompt_ids,
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-        stop=stop,
-        speculative=speculative,
-        num_draft_tokens=num_draft_tokens,
-        ignore_eos=ignore_eos,
-        chunk_size=chunk_size,
-    )
+    session = GenerationSession(target, draft_source.new_drafter(), prompt_ids, options)
     ttft_s = 0.0
     try:
         while not session.finished:

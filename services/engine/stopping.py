@@ -35,3 +35,58 @@ class StopStrings:
     def truncate(self, text: str) -> str:
         cut = min((index for index in (text.find(value) for value in self.stop) if index >= 0), default=-1)
         return text if cut < 0 else text[:cut]
+
+
+class OutputState:
+    """The output so far and the rules that end it: EOS, stop strings, max_new_tokens.
+
+    Shared by the in-process session and the verify worker, so a request
+    stops at the same token wherever it runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer: object | None,
+        eos_token_ids: frozenset[int],
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        output_ids: Sequence[int] = (),
+    ) -> None:
+        self.stop_strings = StopStrings(tokenizer, stop)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_new_tokens = max_new_tokens
+        self.output_ids: list[int] = list(output_ids)
+        self.finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
+    def accept(self, committed: Sequence[int]) -> list[int]:
+        """Add a round's committed tokens; return those that reach the output (stops cut the rest)."""
+        assert not self.finished, "output already finished"
+        emitted: list[int] = []
+        for token_id in committed:
+            if token_id in self.eos_token_ids:
+                self.finish_reason = "stop"
+                break
+            self.output_ids.append(token_id)
+            emitted.append(token_id)
+            if self.stop_strings.hit(self.output_ids):
+                self.finish_reason = "stop"
+                break
+            if len(self.output_ids) >= self.max_new_tokens:
+                self.finish_reason = "length"
+                break
+        return emitted
+
+    def text(self) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.stop_strings.truncate(self.tokenizer.decode(self.output_ids, skip_special_tokens=True))

@@ -26,13 +26,18 @@ def match_vocab(draft_probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(draft_probs, (0, vocab_size - draft_vocab))
 
 
-def check_prompt_fits(target: LoadedModel, prompt_ids: Sequence[int]) -> None:
-    if len(prompt_ids) == 0:
+def check_request_fits(model_name: str, max_context: int, num_prompt_tokens: int, max_new_tokens: int = 0) -> None:
+    """The one context-window rule, used by the engine and by the gateway before any worker sees a request."""
+    if num_prompt_tokens == 0:
         raise ValueError("prompt is empty: need at least one token")
-    if len(prompt_ids) >= target.max_context:
+    if num_prompt_tokens >= max_context:
         raise ContextLengthError(
-            f"prompt of {len(prompt_ids)} tokens does not fit {target.name!r}'s context of "
-            f"{target.max_context} tokens"
+            f"prompt of {num_prompt_tokens} tokens does not fit {model_name!r}'s context of {max_context} tokens"
+        )
+    if num_prompt_tokens + max_new_tokens > max_context:
+        raise ContextLengthError(
+            f"prompt of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds "
+            f"{model_name!r}'s context of {max_context} tokens"
         )
 
 
@@ -41,7 +46,7 @@ class TargetSession:
     next round feeds together with the draft block."""
 
     def __init__(self, target: LoadedModel, prompt_ids: Sequence[int], *, chunk_size: int = 512) -> None:
-        check_prompt_fits(target, prompt_ids)
+        check_request_fits(target.name, target.max_context, len(prompt_ids))
         self.target = target
         self.token_ids: list[int] = list(prompt_ids)
         self._lm = CachedLM(target, chunk_size)

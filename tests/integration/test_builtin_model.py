@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from services.engine import generate
+from services.engine import GenerationOptions, generate
 from services.models.drafters import load_draft_source
 from services.models.tokenization import encode_prompt
 
 pytestmark = pytest.mark.slow
 
-MAX_NEW_TOKENS = 32
+OPTIONS = GenerationOptions(max_new_tokens=32)
 
 
 def pick_prompts(dev_prompts: list[dict]) -> list[dict]:
@@ -34,10 +34,10 @@ def test_greedy_sd_matches_target_only_on_dev_prompts(builtin_target, draft_sour
     accepted = {"ngram": 0, "int8": 0}
     for record in pick_prompts(dev_prompts):
         prompt_ids = encode_prompt(builtin_target.tokenizer, record["prompt"], chat=True)
-        expected = generate(builtin_target, draft_sources["none"], prompt_ids, max_new_tokens=MAX_NEW_TOKENS)
+        expected = generate(builtin_target, draft_sources["none"], prompt_ids, OPTIONS)
         assert expected.num_tokens > 0
         for spec in accepted:
-            result = generate(builtin_target, draft_sources[spec], prompt_ids, max_new_tokens=MAX_NEW_TOKENS)
+            result = generate(builtin_target, draft_sources[spec], prompt_ids, OPTIONS)
             assert result.token_ids == expected.token_ids, f"{spec} differs on {record['id']}"
             assert result.text == expected.text
             accepted[spec] += result.stats.num_accepted_tokens
@@ -47,9 +47,11 @@ def test_greedy_sd_matches_target_only_on_dev_prompts(builtin_target, draft_sour
 
 def test_stop_string_cuts_text(builtin_target, draft_sources):
     prompt_ids = encode_prompt(builtin_target.tokenizer, "Count from 1 to 20, separated by commas.", chat=True)
-    free = generate(builtin_target, draft_sources["ngram"], prompt_ids, max_new_tokens=40)
+    free = generate(builtin_target, draft_sources["ngram"], prompt_ids, GenerationOptions(max_new_tokens=40))
     assert "7" in free.text
-    stopped = generate(builtin_target, draft_sources["ngram"], prompt_ids, max_new_tokens=40, stop=["7"])
+    stopped = generate(
+        builtin_target, draft_sources["ngram"], prompt_ids, GenerationOptions(max_new_tokens=40, stop=["7"])
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.text == free.text[: free.text.index("7")]
     assert stopped.num_tokens < free.num_tokens

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from services.config import SpeculativeSettings
-from services.engine import GenerationSession, generate
+from services.engine import GenerationOptions, GenerationSession, generate
 from services.engine.target import TargetSession
 from services.errors import ContextLengthError
-from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter
+from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter, SelfDrafter
 from services.models.loading import LoadedModel
 from services.speculative.sampling import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
@@ -29,9 +29,8 @@ def run(target, drafter, prompt, *, gamma=4, fixed_gamma=False, max_new_tokens=M
         max_draft_tokens=gamma if fixed_gamma else 8,
         fallback_below=0.0 if fixed_gamma else 0.3,
     )
-    session = GenerationSession(
-        target, drafter, prompt, max_new_tokens=max_new_tokens, speculative=speculative, ignore_eos=True, **kwargs
-    )
+    options = GenerationOptions(max_new_tokens=max_new_tokens, speculative=speculative, ignore_eos=True, **kwargs)
+    session = GenerationSession(target, drafter, prompt, options)
     while not session.finished:
         session.step()
     return session
@@ -55,8 +54,8 @@ DRAFTS = {
     "model-random": lambda target, seed: ModelDrafter(build_tiny_llama(100 + seed)),
     "model-perturbed": lambda target, seed: ModelDrafter(perturbed_copy(target, scale=0.3, seed=seed)),
     "self-fp32": lambda target, seed: ModelDrafter(target.with_precision("fp32")),
-    "self-int8": lambda target, seed: ModelDrafter(target.with_precision("int8")),
-    "self-bf16": lambda target, seed: ModelDrafter(target.with_precision("bf16")),
+    "self-int8": lambda target, seed: SelfDrafter(target, "int8"),
+    "self-bf16": lambda target, seed: SelfDrafter(target, "bf16"),
     "ngram": lambda target, seed: NgramDrafter(ngram_max=3, ngram_min=1),
 }
 
@@ -146,7 +145,7 @@ def test_eos_stops_and_is_not_emitted():
     eos = expected[10]
     target = build_tiny_llama(0, eos_token_id=eos)
     drafter = ModelDrafter(target.with_precision("fp32"))
-    session = GenerationSession(target, drafter, prompt_for(0), max_new_tokens=40)
+    session = GenerationSession(target, drafter, prompt_for(0), GenerationOptions(max_new_tokens=40))
     while not session.finished:
         session.step()
     assert session.finish_reason == "stop"
@@ -158,7 +157,7 @@ def test_context_overflow_is_a_clear_error():
     with pytest.raises(ContextLengthError, match="prompt of 40 tokens"):
         TargetSession(target, prompt_for(0, length=40))
     with pytest.raises(ContextLengthError, match="max_new_tokens 30 exceeds .* context of 32 tokens"):
-        GenerationSession(target, None, prompt_for(0, length=10), max_new_tokens=30)
+        GenerationSession(target, None, prompt_for(0, length=10), GenerationOptions(max_new_tokens=30))
 
 
 def test_drafts_stop_at_the_context_edge():
@@ -172,12 +171,12 @@ def test_drafts_stop_at_the_context_edge():
 @pytest.mark.parametrize("bad", [0, -3])
 def test_bad_max_new_tokens(tiny_target, bad):
     with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 1, got {bad}"):
-        GenerationSession(tiny_target, None, prompt_for(0), max_new_tokens=bad)
+        GenerationOptions(max_new_tokens=bad)
 
 
 def test_generate_reports_timings_and_stats(tiny_target):
     source = DraftSource("self:fp32", tiny_target.with_precision("fp32"))
-    result = generate(tiny_target, source, prompt_for(0), max_new_tokens=20, ignore_eos=True)
+    result = generate(tiny_target, source, prompt_for(0), GenerationOptions(max_new_tokens=20, ignore_eos=True))
     payload = result.to_dict()
     assert payload["completion_tokens"] == 20 and payload["finish_reason"] == "length"
     assert 0 < payload["ttft_s"] <= payload["total_s"]

@@ -52,3 +52,14 @@ class ModelDrafter:
 
     def release(self) -> None:
         self._lm.crop(0)
+
+
+class SelfDrafter(ModelDrafter):
+    """The target drafting for itself at reduced precision: int8 (the CPU path), bf16 or fp16.
+
+    Same tokenizer by construction; the copy is made once per process and
+    shared by sessions through DraftSource.
+    """
+
+    def __init__(self, target: LoadedModel, precision: str = "int8", *, chunk_size: int = 512) -> None:
+        super().__init__(target.with_precision(precision), chunk_size=chunk_size, name=precision)

@@ -1,0 +1,56 @@
+"""The bench's own logic: prompt formats, selection, aggregation, greedy checks (no timing asserts)."""
+
+import json
+
+import pytest
+
+from services.bench.prompts import BenchPrompt, load_prompts, select_prompts
+from services.bench.report import build_report, to_markdown
+from services.bench.runner import PromptRun, check_against_ar
+from services.engine.generate import GenerationResult
+from services.speculative.stats import SpecDecodingStats
+
+
+def test_reads_ours_spec_bench_and_sharegpt(tmp_path):
+    ours = tmp_path / "dev.jsonl"
+    ours.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "P", "context_chars": 3}) + "\n")
+    spec_bench = tmp_path / "question.jsonl"
+    spec_bench.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["T1", "T2"]}) + "\n")
+    sharegpt = tmp_path / "sg.json"
+    sharegpt.write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "H"}, {"from": "gpt", "value": "G"}]}]))
+    assert load_prompts(ours) == [BenchPrompt("a", "qa", "P", 3)]
+    assert load_prompts(spec_bench) == [BenchPrompt("81", "writing", "T1", 0)]
+    assert load_prompts(sharegpt) == [BenchPrompt("x", "sharegpt", "H", 0)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": 1}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        load_prompts(bad)
+
+
+def test_select_per_group_and_category():
+    prompts = [BenchPrompt(str(i), "chat" if i % 2 else "qa", "p", context_chars=i % 3) for i in range(12)]
+    picked = select_prompts(prompts, per_group=2)
+    assert [p.group for p in picked] == ["grounded", "grounded", "open", "open"]
+    assert all(p.category == "qa" for p in select_prompts(prompts, categories=["qa"]))
+    assert len(select_prompts(prompts, limit=3)) == 3
+
+
+def fake_run(mode, prompt_id, group_chars, tokens, seconds, drafted=0, accepted=0):
+    stats = SpecDecodingStats()
+    if drafted:
+        stats.observe(drafted, accepted)
+    result = GenerationResult("", tokens, 5, "length", stats, mode, 0.01, seconds)
+    return PromptRun(mode, BenchPrompt(prompt_id, "chat", "p", group_chars), result)
+
+
+def test_report_speedup_and_mismatch():
+    ar = [fake_run("ar", "1", 0, [1, 2, 3, 4], 2.0), fake_run("ar", "2", 5, [5, 6], 1.0)]
+    sd = [fake_run("sd:x", "1", 0, [1, 2, 3, 4], 1.0, 4, 3), fake_run("sd:x", "2", 5, [5, 7], 0.5, 2, 0)]
+    assert check_against_ar(sd, ar) == ["2"]
+    rows = {(row.mode, row.scope): row for row in build_report({"ar": ar, "sd:x": sd})}
+    assert rows[("ar", "all")].tokens_per_s == pytest.approx(6 / 3.0)
+    assert rows[("sd:x", "all")].speedup_vs_ar == pytest.approx((6 / 1.5) / (6 / 3.0))
+    assert rows[("sd:x", "group:open")].speedup_vs_ar == pytest.approx(2.0)
+    assert rows[("sd:x", "all")].acceptance_rate == pytest.approx(3 / 6)
+    assert rows[("sd:x", "all")].num_mismatches == 1
+    assert "| sd:x | all | 2 | 6 |" in to_markdown(list(rows.values()))
