@@ -1,1 +1,1 @@
-"""draft_worker: see README and ../shared/DESIGN.md; filled in by the distributed-suite issue."""
+"""Draft worker: Celery tasks that drive sessions (draft, send, apply verdict, adapt gamma)."""

@@ -1,1 +1,1 @@
-"""gateway: see README and ../shared/DESIGN.md; filled in by the distributed-suite issue."""
+"""Gateway: OpenAI-compatible HTTP API (FastAPI), auth and priority, tokenization, streaming."""

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 app = typer.Typer(help="Mirror-SD: distributed speculative decoding.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Built-in and local models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+keys_app = typer.Typer(help="API keys (stored hashed, each with a priority tier).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 
 class Mode(str, Enum):
@@ -232,6 +234,169 @@ def bench(
         for mode, ids in bad.items():
             typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
         raise typer.Exit(code=1)
+
+
+def _apply_env(**values: object) -> None:
+    """CLI flags become MIRROR_SD_* variables, so child processes and get_settings() agree."""
+    import os
+
+    for name, value in values.items():
+        if value is not None:
+            os.environ[f"MIRROR_SD_{name.upper()}"] = str(value)
+
+
+@app.command("verify-worker")
+def verify_worker_command(
+    pool: Annotated[str | None, typer.Option(help="pool to serve (default settings.worker.pool)")] = None,
+    worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    threads: Annotated[int | None, typer.Option()] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a verify worker: the target model, verifying blocks from its pool and its own queue."""
+    _apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads)
+    from services.config import get_settings
+    from verify_worker.main import run_verify_worker
+
+    settings = get_settings()
+    _setup(settings.num_threads, verbose)
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        run_verify_worker(settings)
+    except MirrorSDError as exc:
+        _fail(str(exc))
+
+
+@app.command("draft-worker")
+def draft_worker_command(
+    pool: Annotated[str | None, typer.Option(help="pool whose sessions to drive")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="sessions driven at once (threads)")] = None,
+    worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    threads: Annotated[int | None, typer.Option()] = None,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run a Celery draft worker on queue draft.<pool> (thread pool: torch releases the GIL)."""
+    _apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads,
+               worker__draft_concurrency=concurrency)
+    from draft_worker.tasks import celery_app
+    from services.config import get_settings
+    from services.protocol import draft_queue
+
+    settings = get_settings()
+    name = settings.worker.worker_id or f"draft-{settings.worker.pool}"
+    celery_app.worker_main([
+        "worker", "--queues", draft_queue(settings.worker.pool), "--pool", "threads",
+        "--concurrency", str(settings.worker.draft_concurrency), "--hostname", f"{name}@%h",
+        "--loglevel", loglevel, "--without-mingle", "--without-gossip",
+    ])
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="gateway port")] = 8000,
+    auth_disabled: Annotated[bool, typer.Option("--auth-disabled/--auth", help="development only")] = True,
+) -> None:
+    """Run the local stack (gateway, draft worker, verify worker) with the built-in model until Ctrl-C."""
+    import signal as signal_lib
+    import threading
+
+    from services.config import get_settings
+    from services.stack import start_stack, stop_children
+    from services.storage.db import init_db
+
+    _apply_env(gateway__auth_disabled=str(auth_disabled).lower())
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    init_db(settings.database_url)  # migrate once, before the children race to it
+    typer.echo(f"starting gateway on :{port}, a draft worker and a verify worker ({settings.target}) ...", err=True)
+    try:
+        children, private = start_stack(redis_url=settings.redis_url, port=port)
+    except RuntimeError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"ready. Try:\n  curl -s localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"{settings.target}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+        f"\"Say hello\"}}], \"max_tokens\": 32}}'\nCtrl-C stops everything.",
+        err=True,
+    )
+    stop = threading.Event()
+    for signum in (signal_lib.SIGINT, signal_lib.SIGTERM):
+        signal_lib.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            dead = [name for name, child in children.items() if child.poll() is not None]
+            if dead:
+                typer.echo(f"{', '.join(dead)} exited; stopping the stack", err=True)
+                break
+    finally:
+        stop_children(children)
+        if private is not None:
+            private.stop()
+
+
+@app.command("gateway")
+def gateway_command(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    auth_disabled: Annotated[bool | None, typer.Option("--auth-disabled/--auth", help="development only")] = None,
+) -> None:
+    """Run the OpenAI-compatible HTTP gateway."""
+    _apply_env(gateway__host=host, gateway__port=port,
+               gateway__auth_disabled=None if auth_disabled is None else str(auth_disabled).lower())
+    import uvicorn
+
+    from services.config import get_settings
+
+    try:
+        settings = get_settings()
+    except ValueError as exc:
+        _fail(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    uvicorn.run("gateway.app:create_app", factory=True, host=settings.gateway.host, port=settings.gateway.port,
+                log_level="info")
+
+
+def _db():
+    from services.config import get_settings
+    from services.storage.db import init_db, session_factory
+
+    return session_factory(init_db(get_settings().database_url))
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="who the key is for")] = "default",
+    priority: Annotated[str, typer.Option(help="high | normal | low")] = "normal",
+) -> None:
+    """Create a key; it is printed once and only its hash is stored."""
+    from services.storage import crud
+
+    try:
+        with _db()() as session:
+            row, key = crud.create_api_key(session=session, name=name, priority=priority)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(key)
+    typer.echo(f"created key {row.id} ({row.key_prefix}..., priority {row.priority}) for {name!r}", err=True)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    from services.storage import crud
+
+    with _db()() as session:
+        for row in crud.list_api_keys(session=session):
+            state = "revoked" if row.revoked_at else "active"
+            typer.echo(f"{row.id}\t{row.key_prefix}...\t{row.priority}\t{state}\t{row.name}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[int, typer.Argument()]) -> None:
+    from services.storage import crud
+
+    with _db()() as session:
+        if not crud.revoke_api_key(session=session, key_id=key_id):
+            _fail(f"no active key with id {key_id}")
+    typer.echo(f"revoked key {key_id}")
 
 
 @models_app.command("list")

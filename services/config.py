@@ -56,6 +56,27 @@ class SpeculativeSettings(BaseModel):
         return self
 
 
+class WorkerSettings(BaseModel):
+    """Draft and verify worker processes."""
+
+    pool: str = Field("cpu", pattern=r"^[a-z0-9_-]+$", description="pool this worker serves")
+    worker_id: str | None = Field(None, description="stable id; default host-pid")
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_ttl_s: float = Field(3.0, gt=0)
+    kv_budget_mb: int = Field(2048, ge=1, description="verify worker KV-cache budget")
+    verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
+    draft_concurrency: int = Field(4, ge=1, description="sessions one draft worker process drives at once")
+
+
+class GatewaySettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    auth_disabled: bool = Field(False, description="development only: accept requests without an API key")
+    request_timeout_s: float = Field(600.0, gt=0)
+    model_name: str | None = Field(None, description="name served in /v1/models; default the target spec")
+    max_inflight: int = Field(256, ge=1, description="requests in flight before new ones get 503")
+
+
 class SchedulerSettings(BaseModel):
     """Verify-side batching (the seed's `scheduler:` block)."""
 
@@ -97,6 +118,14 @@ class Settings(BaseSettings):
 
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_outside_development(self) -> "Settings":
+        if self.environment == "production" and self.gateway.auth_disabled:
+            raise ValueError("gateway.auth_disabled is for development only; it is refused in production")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -1,1 +1,1 @@
-"""verify_worker: see README and ../shared/DESIGN.md; filled in by the distributed-suite issue."""
+"""Verify worker: holds the target model, verifies draft blocks, commits tokens to each request's stream."""

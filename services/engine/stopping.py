@@ -11,8 +11,8 @@ MAX_STOP_STRINGS = 16
 
 
 class StopStrings:
-    def __init__(self, tokenizer: object | None, stop: Sequence[str] = ()) -> None:
-        stop = [stop] if isinstance(stop, str) else list(stop)
+    def __init__(self, tokenizer: object | None, stop: Sequence[str] | str | None = ()) -> None:
+        stop = [stop] if isinstance(stop, str) else list(stop or ())
         if len(stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
         for value in stop:

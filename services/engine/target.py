@@ -54,6 +54,11 @@ class TargetSession:
             self._lm.forward(prompt_ids[:-1], num_logits=1)
 
     @property
+    def num_cached(self) -> int:
+        """Tokens held in the KV cache."""
+        return self._lm.num_cached
+
+    @property
     def room(self) -> int:
         """Draft tokens that still fit the context this round."""
         return self.target.max_context - len(self.token_ids)

@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
 
 
+def needs_target_weights(spec: str) -> bool:
+    """Whether building this draft needs the target loaded (self-drafts, tokenizer checks)."""
+    return spec not in ("none", "ngram")
+
+
 @dataclass
 class DraftSource:
     """Loaded once per process; hands each session its own drafter."""

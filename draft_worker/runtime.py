@@ -1,0 +1,134 @@
+"""The draft worker process: its loaded drafter, Redis, SQL; and one session from start to end."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from functools import lru_cache
+from services import protocol
+from services.config import get_settings
+from services.models.drafters import DraftSource, load_draft_source
+from services.models.drafters.factory import needs_target_weights
+from services.protocol import SessionSpec
+from services.redis_client import connect, read_events
+from services.storage import crud
+from services.storage.db import create_db_engine, session_factory
+
+from draft_worker.session_loop import LEASE_TTL_S, DraftRuntime, DraftSession, SessionFailed
+
+logger = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=1)
+def get_runtime() -> DraftRuntime:
+    """Loaded once per worker process, on the first task."""
+    import torch
+
+    settings = get_settings()
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    worker_id = settings.worker.worker_id or f"draft-{socket.gethostname()}-{os.getpid()}"
+    if needs_target_weights(settings.draft):
+        from services.models.loading import load_model
+
+        target = load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
+        source = load_draft_source(settings.draft, target, speculative=settings.speculative,
+                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size)
+    else:
+        source = DraftSource(settings.draft, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+    runtime = DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
+                           worker_id=worker_id)
+    runtime.db = session_factory(create_db_engine(settings.database_url))
+    return runtime
+
+
+def _utc(timestamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(timestamp, timezone.utc) if timestamp else None
+
+
+def _record(runtime: DraftRuntime, request_id: str, **fields) -> None:
+    if runtime.db is None:
+        return
+    try:
+        with runtime.db() as session:
+            crud.update_request(session=session, request_id=request_id, **fields)
+    except Exception:  # SQL is the record, not the hot path: never fail a session over it
+        logger.exception("could not record request %s", request_id)
+
+
+def _acquire_lease(runtime: DraftRuntime, request_id: str) -> bool:
+    """Become the session's only driver; wait while a live owner holds it. False: already finished."""
+    client = runtime.client
+    while not client.set(protocol.lease_key(request_id), runtime.worker_id, nx=True, ex=LEASE_TTL_S):
+        events = read_events(client, request_id)
+        if events and events[-1].finished:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict], None] | None = None) -> dict:
+    client = runtime.client
+    raw_spec = client.get(protocol.request_key(request_id))
+    if raw_spec is None:
+        logger.warning("request %s has no spec (expired or never created)", request_id)
+        return {"request_id": request_id, "finish_reason": "error", "error": "no such request"}
+    spec = SessionSpec.decode(raw_spec)
+    if not _acquire_lease(runtime, request_id):
+        return {"request_id": request_id, "finish_reason": "already_finished"}
+    try:
+        events = read_events(client, request_id)
+        if events and events[-1].finished:
+            return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
+        _record(runtime, request_id, status="running", started_at=datetime.now(timezone.utc))
+        session = DraftSession(runtime, spec, events)
+        try:
+            summary = session.run(report)
+        except SessionFailed as exc:
+            _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
+            raise
+        result = summary.to_dict()
+        _record(
+            runtime,
+            request_id,
+            status="cancelled" if summary.finish_reason == "cancelled" else "finished",
+            finish_reason=summary.finish_reason,
+            completion_tokens=summary.num_output_tokens,
+            num_drafts=summary.stats.num_drafts,
+            num_draft_tokens=summary.stats.num_draft_tokens,
+            num_accepted_tokens=summary.stats.num_accepted_tokens,
+            transport_ms_p50=result["transport_ms_p50"],
+            first_token_at=_utc(summary.first_token_at),
+            finished_at=datetime.now(timezone.utc),
+        )
+        return result
+    finally:
+        client.delete(protocol.lease_key(request_id))
+
+
+class DraftHeartbeat(threading.Thread):
+    """Tells readiness checks and telemetry that this draft worker process is alive."""
+
+    def __init__(self, runtime_factory: Callable[[], DraftRuntime], pool: str) -> None:
+        super().__init__(daemon=True, name="draft-heartbeat")
+        self._runtime_factory = runtime_factory
+        self._pool = pool
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        runtime = self._runtime_factory()
+        settings = runtime.settings
+        while not self.stop.is_set():
+            try:
+                beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
+                                          model=runtime.draft_source.spec)
+                runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
+                                   px=int(settings.worker.heartbeat_ttl_s * 1000))
+            except Exception:
+                logger.exception("draft heartbeat failed")
+            self.stop.wait(settings.worker.heartbeat_interval_s)

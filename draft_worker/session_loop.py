@@ -1,0 +1,214 @@
+"""One session, driven from the draft side: draft a block, send it, apply the verdict, adapt gamma.
+
+Hot path per round: one RPUSH of the block, one BLPOP of the verdict
+(msgpack over Redis lists). A session resumes from its output stream, so a
+redelivered task (dead draft worker) continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from services import protocol
+from services.config import Settings
+from services.models.drafters import DraftSource
+from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
+from services.redis_client import RoundCommitter
+from services.speculative.block_length import BlockLengthController
+from services.speculative.sampling import SamplingParams
+from services.speculative.stats import SpecDecodingStats
+
+logger = logging.getLogger(__name__)
+
+LEASE_TTL_S = 10
+
+
+class SessionFailed(RuntimeError):
+    """The session cannot go on (no verify worker answered in time, spec missing)."""
+
+
+@dataclass
+class DraftRuntime:
+    """What a draft worker process loads once and shares across its sessions."""
+
+    settings: Settings
+    client: redis.Redis
+    draft_source: DraftSource
+    worker_id: str
+    db: object = None  # sessionmaker for SQL records; None = no records
+    committer: RoundCommitter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.committer = RoundCommitter(self.client)
+
+
+@dataclass
+class SessionSummary:
+    request_id: str
+    finish_reason: str
+    num_output_tokens: int
+    rounds: int
+    stats: SpecDecodingStats
+    transport_ms: list[float]
+    first_token_at: float | None
+    resumed_from_round: int
+
+    def to_dict(self) -> dict:
+        ordered = sorted(self.transport_ms)
+
+        def pct(q: float) -> float | None:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+        return {
+            "request_id": self.request_id,
+            "finish_reason": self.finish_reason,
+            "num_output_tokens": self.num_output_tokens,
+            "rounds": self.rounds,
+            "resumed_from_round": self.resumed_from_round,
+            "transport_ms_p50": pct(0.5),
+            "transport_ms_p99": pct(0.99),
+            "first_token_at": self.first_token_at,
+            **{k: v for k, v in self.stats.to_dict().items() if not k.endswith("_per_pos")},
+        }
+
+
+class DraftSession:
+    def __init__(self, runtime: DraftRuntime, spec: SessionSpec, events: list[OutputEvent]) -> None:
+        self.runtime = runtime
+        self.client = runtime.client
+        self.spec = spec
+        self.request_id = spec.request_id
+        self.committed: list[int] = [*spec.prompt_ids, *(t for e in events for t in e.token_ids)]
+        self.num_output = sum(len(e.token_ids) for e in events)
+        self.round = len(events)
+        self.resumed_from_round = self.round
+        speculative = runtime.settings.speculative
+        self.drafter = runtime.draft_source.new_drafter() if spec.route == "sd" else None
+        self.controller = BlockLengthController(speculative)
+        self.stats = SpecDecodingStats()
+        self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
+        self.generator = self.sampling.make_generator(offset=1 + self.round)
+        self.sticky_worker: str | None = None
+        self.transport_ms: list[float] = []
+        self.first_token_at: float | None = None
+        self.reply_to = protocol.verdict_queue(self.request_id)
+
+    # --- the loop -------------------------------------------------------------------------------
+    def run(self, report: Callable[[dict], None] | None = None) -> SessionSummary:
+        self.client.delete(self.reply_to)  # verdicts of an earlier owner are stale
+        finish_reason = "length"
+        try:
+            while True:
+                if self.client.exists(protocol.cancel_key(self.request_id)):
+                    finish_reason = self._cancel()
+                    break
+                verdict = self._round()
+                if verdict.finished:
+                    finish_reason = verdict.finish_reason or "stop"
+                    break
+                if report is not None and self.round % 8 == 0:
+                    report(self._progress())
+                self.client.set(protocol.lease_key(self.request_id), self.runtime.worker_id, ex=LEASE_TTL_S)
+        finally:
+            if self.drafter is not None:
+                self.drafter.release()
+        return SessionSummary(self.request_id, finish_reason, self.num_output, self.round, self.stats,
+                              self.transport_ms, self.first_token_at, self.resumed_from_round)
+
+    def _block_length(self) -> int:
+        if self.drafter is None:
+            return 0
+        remaining = self.spec.max_new_tokens - self.num_output
+        return max(0, min(self.controller.num_draft_tokens, remaining - 1))
+
+    def _round(self) -> Verdict:
+        num_draft_tokens = self._block_length()
+        draft_ids, draft_probs, vocab_size = [], None, 0
+        if num_draft_tokens > 0:
+            proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self.generator)
+            draft_ids = proposal.token_ids
+            if proposal.probs is not None:
+                vocab_size = int(proposal.probs.shape[-1])
+                draft_probs = protocol.encode_probs(proposal.probs)
+        block = DraftBlock(
+            request_id=self.request_id,
+            round=self.round,
+            num_committed=len(self.committed),
+            draft_ids=draft_ids,
+            draft_probs=draft_probs,
+            vocab_size=vocab_size,
+            reply_to=self.reply_to,
+        )
+        verdict, round_trip_s = self._exchange(block)
+        self.transport_ms.append(
+            1000 * max(0.0, round_trip_s - (verdict.verify_finished_at - verdict.verify_started_at))
+        )
+        self.committed.extend(verdict.committed_ids)
+        self.num_output = verdict.num_committed - len(self.spec.prompt_ids)
+        if verdict.committed_ids and self.first_token_at is None:
+            self.first_token_at = time.time()
+        self.stats.observe(verdict.num_draft_tokens, verdict.num_accepted)
+        self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
+        self.sticky_worker = verdict.worker_id or None
+        self.round += 1
+        return verdict
+
+    def _exchange(self, block: DraftBlock) -> tuple[Verdict, float]:
+        """Send the block (sticky worker first) and wait for its verdict, failing over to the pool
+        when the worker holding the session stops sending heartbeats."""
+        worker = self.sticky_worker if self.sticky_worker and self._alive(self.sticky_worker) else None
+        queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(self.spec.pool)
+        payload = block.encode()
+        sent = time.perf_counter()
+        self.client.rpush(queue, payload)
+        deadline = time.monotonic() + self.runtime.settings.worker.verdict_timeout_s
+        while time.monotonic() < deadline:
+            item = self.client.blpop([self.reply_to], timeout=0.5)
+            if item is not None:
+                verdict = Verdict.decode(item[1])
+                if verdict.round == block.round:
+                    return verdict, time.perf_counter() - sent
+                logger.debug("request %s: stale verdict for round %d dropped", self.request_id, verdict.round)
+                continue
+            if worker is not None and not self._alive(worker):
+                logger.warning("request %s: verify worker %s is gone; resending round %d to pool %s",
+                               self.request_id, worker, block.round, self.spec.pool)
+                worker = None
+                self.client.rpush(protocol.verify_pool_queue(self.spec.pool), payload)
+        raise SessionFailed(f"no verify worker answered round {block.round} of {self.request_id} "
+                            f"within {self.runtime.settings.worker.verdict_timeout_s:.0f}s")
+
+    def _alive(self, worker_id: str) -> bool:
+        return bool(self.client.exists(protocol.heartbeat_key(worker_id)))
+
+    def _cancel(self) -> str:
+        """Close the stream with a 'cancelled' event and free the verify side's KV cache."""
+        stream = protocol.output_stream(self.request_id)
+        seq = int(self.client.xlen(stream))
+        event = OutputEvent(request_id=self.request_id, seq=seq, token_ids=[], num_output_tokens=self.num_output,
+                            finished=True, finish_reason="cancelled", num_drafts=self.stats.num_drafts,
+                            num_draft_tokens=self.stats.num_draft_tokens,
+                            num_accepted_tokens=self.stats.num_accepted_tokens)
+        self.runtime.committer.commit(stream_key=stream, verdict_key=self.reply_to, expected_seq=seq,
+                                      event=event.encode(), verdict=b"")
+        release = DraftBlock(request_id=self.request_id, round=self.round, num_committed=len(self.committed),
+                             draft_ids=[], release=True)
+        queue = (protocol.verify_worker_queue(self.sticky_worker) if self.sticky_worker
+                 else protocol.verify_pool_queue(self.spec.pool))
+        self.client.rpush(queue, release.encode())
+        return "cancelled"
+
+    def _progress(self) -> dict:
+        return {
+            "request_id": self.request_id,
+            "tokens": self.num_output,
+            "rounds": self.round,
+            "acceptance_rate": self.stats.acceptance_rate,
+            "mean_acceptance_length": self.stats.mean_acceptance_length,
+            "num_draft_tokens": self.controller.num_draft_tokens,
+        }

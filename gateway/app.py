@@ -1,0 +1,45 @@
+"""The FastAPI application (`uvicorn gateway.app:create_app --factory`)."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from gateway.errors import install_error_handlers
+from gateway.routes import router
+from gateway.state import GatewayState, load_served_model
+from services.celery_app import create_celery_app
+from services.config import Settings, get_settings
+from services.storage.db import init_db, session_factory
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = init_db(settings.database_url)
+        state = GatewayState(
+            settings=settings,
+            redis=aioredis.from_url(settings.redis_url),
+            celery=create_celery_app(settings),
+            db=session_factory(engine),
+            model=load_served_model(settings),
+        )
+        app.state.gateway = state
+        logger.info("gateway serving %s (context %d)", state.model.name, state.model.max_context)
+        try:
+            yield
+        finally:
+            await state.redis.aclose()
+            engine.dispose()
+
+    app = FastAPI(title="Mirror-SD gateway", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,70 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status_code, "server_error"), "param": param,
+                      "code": code}}
+
+
+def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', message)}", None
+    if first.get("type") == "missing":
+        return f"missing required field {param!r}", param
+    shown = first.get("input")
+    show = param and "got" not in message and not isinstance(shown, (dict, list))
+    suffix = f" (got {shown!r})" if show else ""
+    return (f"{param}: {message}{suffix}" if param else message), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, exc.message, exc.param, exc.code),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe(exc)
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)

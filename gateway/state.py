@@ -1,0 +1,54 @@
+"""What the gateway process holds: settings, clients, the tokenizer and the served model's limits."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    name: str  # what clients put in "model"
+    aliases: frozenset[str]
+    tokenizer: object
+    max_context: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    redis: aioredis.Redis
+    celery: Celery
+    db: sessionmaker[Session]
+    model: ServedModel
+    inflight: int = 0
+    key_cache: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # hash -> (expiry, id, priority)
+    worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)
+
+
+def load_served_model(settings: Settings) -> ServedModel:
+    """Tokenizer and context size only: the gateway never loads weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from services.models.loading import resolve_model_dir
+
+    display_name, source = resolve_model_dir(settings.target, settings.cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    name = settings.gateway.model_name or settings.target
+    return ServedModel(
+        name=name,
+        aliases=frozenset({name, settings.target, display_name}),
+        tokenizer=tokenizer,
+        max_context=int(getattr(config, "max_position_embeddings", 2048)),
+    )

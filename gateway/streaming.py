@@ -1,0 +1,81 @@
+"""Read a request's output stream and turn token ids into text deltas."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from gateway.state import GatewayState
+from services.engine.stopping import StopStrings
+from services.protocol import OutputEvent, output_stream
+
+logger = logging.getLogger(__name__)
+
+
+class RequestTimeout(Exception):
+    pass
+
+
+async def read_output(state: GatewayState, request_id: str, timeout_s: float) -> AsyncIterator[OutputEvent]:
+    """Yield the request's events in order until the finished one (XREAD blocks on Redis)."""
+    stream = output_stream(request_id)
+    last_id = "0-0"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = await state.redis.xread({stream: last_id}, block=1000, count=256)
+        for _, entries in response or []:
+            for entry_id, fields in entries:
+                last_id = entry_id
+                event = OutputEvent.decode(fields[b"m"])
+                yield event
+                if event.finished:
+                    return
+        if time.monotonic() > deadline:
+            raise RequestTimeout(f"request {request_id} produced no final output within {timeout_s:.0f}s")
+
+
+class IncrementalText:
+    """Token ids -> text deltas that never split a character and never leak part of a stop string."""
+
+    def __init__(self, tokenizer: object, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = StopStrings(tokenizer, stop)
+        self._holdback = max((len(s) for s in stop), default=1) - 1
+        self.token_ids: list[int] = []
+        self.sent = ""
+
+    def text(self) -> str:
+        """The whole text so far, stop strings cut."""
+        return self.stop_strings.truncate(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+
+    def feed(self, token_ids: list[int]) -> str:
+        self.token_ids.extend(token_ids)
+        text = self.text()
+        safe = text[: len(text) - self._holdback] if self._holdback else text
+        safe = safe.rstrip("\ufffd")  # an incomplete multi-byte character
+        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
+            return ""
+        delta, self.sent = safe[len(self.sent):], safe
+        return delta
+
+    def finish(self) -> str:
+        text = self.text()
+        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        self.sent = text
+        return delta
+
+
+def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
+    """Per-request speculative-decoding stats, vLLM-style counters plus the derived rates."""
+    drafts = event.num_drafts if event else 0
+    draft_tokens = event.num_draft_tokens if event else 0
+    accepted = event.num_accepted_tokens if event else 0
+    return {
+        "request_id": request_id,
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+    }

