@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --quiet
 STAMP := $(VENV)/.installed
 PROMPT ?= Give me three tips for writing clear technical documentation.
 
-.PHONY: install up test test-fast clean
+.PHONY: install up demo test test-fast clean
 
 install: $(STAMP)
 
@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/mirror-sd models prepare
 	touch $(STAMP)
 
+# The local stack: gateway on :8000, a draft worker, a verify worker (built-in model).
+# Uses Redis at MIRROR_SD_REDIS_URL when it answers, else starts a private one.
 up: install
+	$(BIN)/mirror-sd up --port 8000
+
+demo: install
 	$(BIN)/mirror-sd generate --chat --prompt "$(PROMPT)" --draft ngram --max-new-tokens 128
 
 test: install

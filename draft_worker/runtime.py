@@ -93,6 +93,11 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
             _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
             raise
         result = summary.to_dict()
+        if summary.transport_ms:
+            with client.pipeline() as pipe:
+                pipe.lpush(protocol.TRANSPORT_SAMPLES_KEY, *(f"{ms:.4f}" for ms in summary.transport_ms))
+                pipe.ltrim(protocol.TRANSPORT_SAMPLES_KEY, 0, protocol.TRANSPORT_SAMPLES_MAX - 1)
+                pipe.execute()
         _record(
             runtime,
             request_id,

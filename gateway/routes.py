@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+
+import anyio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -90,11 +92,14 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     if last is not None and last.finish_reason == "error":
         return JSONResponse(error_body(500, last.error or "generation failed"), status_code=500)
     build = responses.chat_body if chat else responses.completion_body
-    return JSONResponse(build(
+    body = build(
         request_id=submitted.request_id, model=state.model.name, text=text.text(),
         finish_reason=last.finish_reason if last else None, prompt_tokens=len(submitted.spec.prompt_ids),
         completion_tokens=len(text.token_ids), stats=sd_stats(last, submitted.request_id),
-    ))
+    )
+    if params.return_token_ids:
+        body["choices"][0]["token_ids"] = text.token_ids
+    return JSONResponse(body)
 
 
 async def _stream(request: Request, state: GatewayState, submitted: Submitted, params: SamplingFields, chat: bool,
@@ -110,6 +115,8 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
         else:
             payload = responses.completion_chunk(request_id=request_id, model=model, text=delta,
                                                  finish_reason=finish_reason)
+        if params.return_token_ids and finish_reason is not None:
+            payload["choices"][0]["token_ids"] = text.token_ids
         return {"data": json.dumps(payload)}
 
     finished = False
@@ -139,7 +146,9 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
     finally:
         state.inflight -= 1
         if not finished:  # client went away (or timeout): stop the session within a round
-            await cancel_request(state, request_id)
+            # The disconnect cancelled this task; shield the cleanup so it still runs.
+            with anyio.CancelScope(shield=True):
+                await cancel_request(state, request_id)
 
 
 @router.post("/v1/completions")

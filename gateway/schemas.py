@@ -27,6 +27,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # vLLM extension, for benchmarks
+    return_token_ids: bool = False  # vLLM extension: the output's token ids in the choice
     user: str | None = None
 
     @field_validator("max_tokens")

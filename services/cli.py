@@ -168,6 +168,8 @@ def bench(
     seed: Annotated[int | None, typer.Option()] = 0,
     threads: Annotated[int | None, typer.Option()] = None,
     out: Annotated[str, typer.Option(help="folder for results.json and results.md")] = "bench-results",
+    url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar."""
     import json as json_lib
@@ -185,8 +187,8 @@ def bench(
     settings = get_settings()
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     for mode in mode_list:
-        if mode != "ar" and not mode.startswith("sd:"):
-            _fail(f"unknown mode {mode!r}: use ar or sd:<draft>")
+        if mode not in ("ar", "stack") and not mode.startswith("sd:"):
+            _fail(f"unknown mode {mode!r}: use ar, sd:<draft> or stack")
     try:
         sampling = SamplingParams(temperature=temperature, seed=seed)
         chosen = select_prompts(
@@ -205,7 +207,19 @@ def bench(
     except MirrorSDError as exc:
         _fail(str(exc))
     runs_by_mode = {}
+    transport = {}
     for mode in mode_list:
+        if mode == "stack":
+            from services.bench.stack_client import percentile, run_stack, transport_samples
+
+            before = len(transport_samples(settings.redis_url))
+            options = GenerationOptions(sampling=sampling, max_new_tokens=max_new_tokens)
+            runs_by_mode[mode] = run_stack(url, api_key, settings.target, chosen, options, repeat=repeat,
+                                           warmup=warmup)
+            samples = transport_samples(settings.redis_url)
+            fresh = samples[: max(0, len(samples) - before)] if before < 20000 else samples
+            transport = {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99)}
+            continue
         draft_spec = "none" if mode == "ar" else mode.split(":", 1)[1]
         source = load_draft_source(draft_spec, target_model, speculative=settings.speculative)
         options = GenerationOptions(
@@ -225,8 +239,13 @@ def bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"prompts": prompts, "modes": mode_list, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "num_prompts": len(chosen), "target": target_model.name, "threads": threads or settings.num_threads}
+    if transport:
+        meta["transport_overhead"] = transport
     (out_dir / "results.json").write_text(json_lib.dumps(to_json(rows, runs_by_mode, meta), indent=1))
     table = to_markdown([r for r in rows if not r.scope.startswith("category:")] + [r for r in rows if r.scope.startswith("category:")])
+    if transport:
+        table += (f"\nstack transport overhead per round (round trip minus verify time): "
+                  f"p50 {transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds\n")
     (out_dir / "results.md").write_text(table)
     typer.echo(table)
     bad = {mode: ids for mode, ids in mismatches.items() if ids}

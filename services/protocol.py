@@ -76,6 +76,10 @@ def heartbeat_key(worker_id: str) -> str:
 
 HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 
+# Recent per-round transport overheads in ms (round trip minus verify time), newest first, capped.
+TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
+TRANSPORT_SAMPLES_MAX = 20000
+
 
 class ProtocolError(ValueError):
     """A message that cannot be decoded: too big, wrong version, wrong kind, bad fields."""

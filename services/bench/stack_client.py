@@ -1,0 +1,94 @@
+"""The `stack` bench mode: the same prompts through a running gateway (streaming, to time TTFT)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+from tqdm import tqdm
+
+from services.bench.prompts import BenchPrompt
+from services.bench.runner import PromptRun
+from services.engine import GenerationOptions, GenerationResult
+from services.speculative.stats import SpecDecodingStats
+
+logger = logging.getLogger(__name__)
+
+
+def _stats(payload: dict) -> SpecDecodingStats:
+    stats = SpecDecodingStats()
+    stats.num_drafts = payload.get("num_drafts", 0)
+    stats.num_draft_tokens = payload.get("num_draft_tokens", 0)
+    stats.num_accepted_tokens = payload.get("num_accepted_tokens", 0)
+    return stats
+
+
+def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: GenerationOptions) -> GenerationResult:
+    body = {
+        "model": model, "messages": [{"role": "user", "content": prompt.prompt}],
+        "max_tokens": options.max_new_tokens, "temperature": options.sampling.temperature,
+        "top_p": options.sampling.top_p, "top_k": options.sampling.top_k, "seed": options.sampling.seed,
+        "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+    }
+    started = time.perf_counter()
+    ttft = 0.0
+    text, token_ids, finish_reason, usage = "", [], "length", {}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"{prompt.id}: HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"{prompt.id}: {chunk['error']['message']}")
+            if not chunk["choices"]:
+                usage = chunk
+                continue
+            choice = chunk["choices"][0]
+            delta = choice["delta"].get("content", "")
+            if delta and not ttft:
+                ttft = time.perf_counter() - started
+            text += delta
+            if choice["finish_reason"] is not None:
+                finish_reason = choice["finish_reason"]
+                token_ids = choice.get("token_ids", [])
+    total = time.perf_counter() - started
+    return GenerationResult(
+        text=text, token_ids=token_ids, prompt_tokens=usage.get("usage", {}).get("prompt_tokens", 0),
+        finish_reason=finish_reason, stats=_stats(usage.get("mirror_sd", {})), draft="stack",
+        ttft_s=ttft or total, total_s=total,
+    )
+
+
+def run_stack(url: str, api_key: str | None, model: str, prompts: list[BenchPrompt], options: GenerationOptions,
+              *, repeat: int = 1, warmup: int = 1, progress: bool = True) -> list[PromptRun]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    runs: list[PromptRun] = []
+    with httpx.Client(base_url=url, headers=headers, timeout=600) as client:
+        from dataclasses import replace
+
+        for prompt in prompts[:warmup]:
+            run_one(client, model, prompt, replace(options, max_new_tokens=8))
+        for prompt in tqdm(prompts, desc="stack", disable=not progress, leave=False):
+            for _ in range(repeat):
+                runs.append(PromptRun("stack", prompt, run_one(client, model, prompt, options)))
+    return runs
+
+
+def transport_samples(redis_url: str) -> list[float]:
+    """Per-round transport overheads the draft workers recorded (ms, newest first)."""
+    import redis
+
+    from services.protocol import TRANSPORT_SAMPLES_KEY
+
+    client = redis.Redis.from_url(redis_url)
+    return [float(value) for value in client.lrange(TRANSPORT_SAMPLES_KEY, 0, -1)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None

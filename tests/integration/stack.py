@@ -1,0 +1,104 @@
+"""A real stack for tests: Redis, a gateway, draft and verify workers as processes, real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from services.protocol import HEARTBEAT_PATTERN, Heartbeat
+from services.stack import child_commands, free_port, stop_children
+from services.storage import crud
+from services.storage.db import init_db, session_factory
+
+TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+class Stack:
+    def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
+                 draft_concurrency: int = 8, auth: bool = True) -> None:
+        self.workdir = workdir
+        self.pool = pool
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.redis_url = f"{TEST_REDIS}/{redis_db}"
+        self.database_url = f"sqlite:///{workdir / 'mirror-sd.db'}"
+        self.env = {
+            **os.environ,
+            "MIRROR_SD_REDIS_URL": self.redis_url,
+            "MIRROR_SD_DATABASE_URL": self.database_url,
+            "MIRROR_SD_WORKER__POOL": pool,
+            "MIRROR_SD_WORKER__DRAFT_CONCURRENCY": str(draft_concurrency),
+            "MIRROR_SD_WORKER__VERDICT_TIMEOUT_S": "60",
+            "MIRROR_SD_GATEWAY__AUTH_DISABLED": "false" if auth else "true",
+            "MIRROR_SD_NUM_THREADS": "1",
+        }
+        self.verify_ids = [f"verify-{pool}-{index}" for index in range(verify_workers)]
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.db = None
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the child
+        self.processes[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def spawn_verify(self, worker_id: str) -> None:
+        command = child_commands(port=self.port, verify_threads=1, draft_threads=1)["verify-worker"]
+        self._spawn(worker_id, [*command, "--worker-id", worker_id])
+
+    def start(self, timeout_s: float = 180) -> "Stack":
+        self.redis.flushdb()
+        self.db = session_factory(init_db(self.database_url))
+        commands = child_commands(port=self.port, verify_threads=1, draft_threads=1)
+        for worker_id in self.verify_ids:
+            self.spawn_verify(worker_id)
+        self._spawn("draft-worker", [*commands["draft-worker"], "--worker-id", f"draft-{self.pool}"])
+        self._spawn("gateway", commands["gateway"])
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} died: {(self.workdir / f'{name}.log').read_text()[-3000:]}")
+            try:
+                ready = httpx.get(f"{self.base_url}/readyz", timeout=2).json()
+                if ready["ready"] and ready["verify_workers"] >= len(self.live_verify_ids()):
+                    if len(self.heartbeats("verify")) == len(self.live_verify_ids()):
+                        return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("stack not ready in time")
+
+    def live_verify_ids(self) -> list[str]:
+        return [wid for wid in self.verify_ids if self.processes[wid].poll() is None]
+
+    def heartbeats(self, role: str | None = None) -> list[Heartbeat]:
+        beats = []
+        for key in self.redis.scan_iter(match=HEARTBEAT_PATTERN):
+            raw = self.redis.get(key)
+            if raw is not None:
+                beat = Heartbeat.decode(raw)
+                if role is None or beat.role == role:
+                    beats.append(beat)
+        return beats
+
+    def kill(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGKILL)
+        self.processes[name].wait(timeout=10)
+
+    def create_key(self, priority: str = "normal") -> str:
+        with self.db() as session:
+            return crud.create_api_key(session=session, name=f"test-{priority}", priority=priority)[1]
+
+    def stop(self) -> None:
+        stop_children(self.processes)
+        self.redis.flushdb()

@@ -1,0 +1,261 @@
+"""The distributed suite end to end: real Redis, real worker processes, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from services.engine import GenerationOptions, generate
+from services.models.drafters import DraftSource
+from services.models.tokenization import encode_prompt
+from tests.integration.stack import Stack
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    running = Stack(tmp_path_factory.mktemp("stack"), redis_db=13).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    key = stack.create_key("normal")
+    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=180) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def reference(builtin_target):
+    cache: dict[tuple, list[int]] = {}
+
+    def target_only(prompt: str, *, chat: bool, max_tokens: int = MAX_TOKENS) -> list[int]:
+        key = (prompt, chat, max_tokens)
+        if key not in cache:
+            prompt_ids = encode_prompt(builtin_target.tokenizer, prompt, chat=chat)
+            cache[key] = generate(builtin_target, DraftSource("none"), prompt_ids,
+                                  GenerationOptions(max_new_tokens=max_tokens)).token_ids
+        return cache[key]
+
+    return target_only
+
+
+def chat_body(prompt: str, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, "return_token_ids": True, **extra}
+
+
+def read_sse(response: httpx.Response) -> list[dict | str]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def pick(dev_prompts: list[dict], count: int) -> list[dict]:
+    open_prompts = [p for p in dev_prompts if p["context_chars"] == 0][:count]
+    grounded = sorted((p for p in dev_prompts if p["context_chars"] > 0), key=lambda p: len(p["prompt"]))[:count]
+    return open_prompts + grounded
+
+
+def test_health_models_and_readiness(stack, client):
+    assert httpx.get(f"{stack.base_url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{stack.base_url}/readyz").json()
+    assert ready["ready"] and ready["draft_workers"] == 1 and ready["verify_workers"] == 2
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_greedy_over_http_equals_target_only(stack, client, reference, dev_prompts):
+    for record in pick(dev_prompts, 3):
+        response = client.post("/v1/chat/completions", json=chat_body(record["prompt"]))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        expected = reference(record["prompt"], chat=True)
+        choice = body["choices"][0]
+        assert choice["token_ids"] == expected, record["id"]
+        assert body["usage"]["completion_tokens"] == len(expected)
+        assert body["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
+        assert set(body["mirror_sd"]) >= {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                          "mean_acceptance_length"}
+
+
+def test_streaming_equals_target_only(stack, client, reference, builtin_target, dev_prompts):
+    for record in pick(dev_prompts, 2):
+        body = chat_body(record["prompt"], stream=True, stream_options={"include_usage": True})
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = read_sse(response)
+        assert events[-1] == "[DONE]"
+        chunks = [e for e in events[:-1] if e["choices"]]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        expected = reference(record["prompt"], chat=True)
+        assert chunks[-1]["choices"][0]["token_ids"] == expected
+        assert text == builtin_target.tokenizer.decode(expected, skip_special_tokens=True)
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        usage = events[-2]
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(expected)
+
+
+def test_completions_endpoint_plain_prompt(stack, client, reference, builtin_target):
+    prompt = "The three primary colors are"
+    response = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 16,
+                                                     "temperature": 0, "return_token_ids": True})
+    body = response.json()
+    expected = reference(prompt, chat=False, max_tokens=16)
+    assert body["choices"][0]["token_ids"] == expected
+    assert body["choices"][0]["text"] == builtin_target.tokenizer.decode(expected, skip_special_tokens=True)
+    assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_eight_concurrent_requests_are_all_correct(stack, client, reference, dev_prompts):
+    prompts = [p["prompt"] for p in pick(dev_prompts, 4)]
+    assert len(prompts) == 8
+
+    def ask(prompt):
+        return client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=16)).json()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        bodies = list(pool.map(ask, prompts))
+    for prompt, body in zip(prompts, bodies):
+        assert body["choices"][0]["token_ids"] == reference(prompt, chat=True, max_tokens=16)
+
+
+@pytest.mark.parametrize(
+    "payload, status, fragment",
+    [
+        ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be >= 1, got 0"),
+        ({"model": MODEL, "prompt": "hi", "max_tokens": 100000}, 400, "max_tokens must be <= 4096, got 100000"),
+        ({"model": MODEL}, 400, "missing required field 'prompt'"),
+        ({"model": "gpt-9", "prompt": "hi"}, 404, "model 'gpt-9' does not exist"),
+        ({"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400, "does not fit"),
+        ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+        ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n must be 1"),
+        ({"model": MODEL, "prompt": [999999]}, 400, "outside the vocabulary"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx(stack, client, payload, status, fragment):
+    response = client.post("/v1/completions", json=payload)
+    assert response.status_code == status, response.text
+    assert fragment in response.json()["error"]["message"]
+
+
+def test_malformed_json_and_bad_keys(stack, client):
+    response = client.post("/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "malformed JSON" in response.json()["error"]["message"]
+    for headers in ({}, {"Authorization": "Bearer msd-not-a-key"}, {"Authorization": "Basic abc"}):
+        response = httpx.post(f"{stack.base_url}/v1/completions", json={"model": MODEL, "prompt": "hi"},
+                              headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+
+
+def test_workers_survive_bad_input(stack, client):
+    """Every bad request above was refused at the gateway: all workers still alive and ready."""
+    assert all(process.poll() is None for process in stack.processes.values())
+    response = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4,
+                                                     "temperature": 0})
+    assert response.status_code == 200
+
+
+def wait_for(condition, timeout_s: float = 15.0, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError("condition not met in time")
+
+
+def sessions_held(stack) -> int:
+    return sum(beat.num_sessions for beat in stack.heartbeats("verify"))
+
+
+def test_delete_cancels_and_frees_the_kv_cache(stack, client):
+    body = chat_body("Write a long story about a dragon.", max_tokens=400, ignore_eos=True, stream=True)
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = []
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+            if len(events) == 3:
+                wait_for(lambda: sessions_held(stack) > 0)
+                deleted = client.delete(f"/v1/requests/{events[0]['id']}")
+                assert deleted.status_code == 200 and deleted.json()["cancelled"] is True
+    request_id = events[0]["id"]
+    final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
+    assert final["finish_reason"] == "cancelled" and events[-1] == "[DONE]"
+    wait_for(lambda: sessions_held(stack) == 0)
+    status = wait_for(lambda: (lambda s: s if s["status"] == "cancelled" else None)(
+        client.get(f"/v1/requests/{request_id}").json()))
+    assert status["finish_reason"] == "cancelled" and status["completion_tokens"] < 400
+    # Deleting again is harmless.
+    assert client.delete(f"/v1/requests/{request_id}").json()["cancelled"] is False
+
+
+def test_client_disconnect_cancels_the_session(stack, client):
+    body = chat_body("Write a long story about a castle.", max_tokens=400, ignore_eos=True, stream=True)
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        request_id = None
+        for line in lines:
+            if line.startswith("data: {"):
+                request_id = json.loads(line[6:])["id"]
+                if sessions_held(stack) > 0:
+                    break
+    # The connection is closed here, mid-stream.
+    wait_for(lambda: sessions_held(stack) == 0)
+    status = wait_for(lambda: (lambda s: s if s["status"] == "cancelled" else None)(
+        client.get(f"/v1/requests/{request_id}").json()))
+    assert status["completion_tokens"] < 400
+
+
+def test_request_status_has_timings_and_stats(stack, client):
+    body = client.post("/v1/chat/completions", json=chat_body("Name a fruit.", max_tokens=8)).json()
+    status = wait_for(lambda: (lambda s: s if s["status"] == "finished" else None)(
+        client.get(f"/v1/requests/{body['id']}").json()))
+    assert status["queued_at"] <= status["started_at"] <= status["finished_at"]
+    assert status["completion_tokens"] == body["usage"]["completion_tokens"]
+    assert status["mirror_sd"]["transport_ms_p50"] is not None
+    assert client.get("/v1/requests/cmpl-nope").status_code == 404
+
+
+def test_killed_verify_worker_loses_no_request(stack, client, reference):
+    prompt = "List ten animals that live in the ocean, one per line."
+    expected = reference(prompt, chat=True, max_tokens=64)
+    body = chat_body(prompt, max_tokens=64, stream=True)
+    killed = None
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = []
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+            if killed is None and len(events) >= 3:
+                holder = wait_for(lambda: next((beat.worker_id for beat in stack.heartbeats("verify")
+                                                if beat.num_sessions > 0), None), interval_s=0.05)
+                stack.kill(holder)
+                killed = holder
+    assert killed is not None and events[-1] == "[DONE]"
+    final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
+    assert final["token_ids"] == expected
+    stack.spawn_verify(killed)
+    stack.wait_ready()

@@ -1,0 +1,77 @@
+"""Storage on SQLite (default) and PostgreSQL (this machine's server, database `test`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from sqlalchemy import inspect, text
+
+from services.storage import crud
+from services.storage.db import create_db_engine, init_db, session_factory
+
+POSTGRES_URL = os.environ.get("MIRROR_SD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _postgres_available() -> bool:
+    try:
+        with create_db_engine(POSTGRES_URL).connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'nested' / 'mirror.db'}"
+    else:
+        if not _postgres_available():
+            if os.environ.get("CI"):
+                pytest.fail(f"PostgreSQL not reachable at {POSTGRES_URL}")
+            pytest.skip("PostgreSQL not reachable")
+        url = POSTGRES_URL
+        engine = create_db_engine(url)
+        with engine.begin() as connection:  # a clean slate: this database belongs to the tests
+            for table in ("events", "requests", "api_keys", "alembic_version"):
+                connection.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
+        engine.dispose()
+    engine = init_db(url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def test_migrations_create_the_tables_and_are_idempotent(db):
+    engine = db.kw["bind"]
+    assert {"api_keys", "requests", "events", "alembic_version"} <= set(inspect(engine).get_table_names())
+    init_db(engine.url.render_as_string(hide_password=False))  # second run: nothing to do, no error
+
+
+def test_api_keys_are_stored_hashed(db):
+    with db() as session:
+        row, key = crud.create_api_key(session=session, name="ci", priority="high")
+        assert key.startswith("msd-") and key not in (row.key_hash, row.key_prefix)
+        assert crud.get_api_key(session=session, key=key).priority == "high"
+        assert crud.get_api_key(session=session, key=key + "x") is None
+        assert crud.revoke_api_key(session=session, key_id=row.id)
+        assert crud.get_api_key(session=session, key=key) is None
+        with pytest.raises(ValueError, match="priority must be one of high, normal, low, got 'urgent'"):
+            crud.create_api_key(session=session, name="x", priority="urgent")
+
+
+def test_request_lifecycle_and_events(db):
+    with db() as session:
+        crud.create_request(session=session, request_id="cmpl-1", model="m", endpoint="completions",
+                            prompt_tokens=5, params={"max_tokens": 8}, priority="normal", route="sd",
+                            pool="cpu", api_key_id=None)
+        crud.update_request(session=session, request_id="cmpl-1", status="finished", completion_tokens=8,
+                            num_drafts=3, num_draft_tokens=12, num_accepted_tokens=6)
+        row = crud.get_request(session=session, request_id="cmpl-1")
+        assert (row.status, row.completion_tokens, row.params) == ("finished", 8, {"max_tokens": 8})
+        with pytest.raises(ValueError, match="no column 'bogus'"):
+            crud.update_request(session=session, request_id="cmpl-1", bogus=1)
+        crud.record_event(session=session, kind="cancelled", request_id="cmpl-1", detail={"by": "client"})
+        crud.record_event(session=session, kind="other")
+        events = crud.list_events(session=session, request_id="cmpl-1")
+        assert [e.kind for e in events] == ["cancelled"] and events[0].detail == {"by": "client"}

@@ -1,0 +1,72 @@
+import msgpack
+import pytest
+import torch
+
+from services import protocol
+from services.protocol import (
+    MAX_MESSAGE_BYTES,
+    DraftBlock,
+    Heartbeat,
+    OutputEvent,
+    ProtocolError,
+    SessionSpec,
+    Verdict,
+)
+
+EXAMPLES = [
+    SessionSpec(request_id="r1", prompt_ids=[1, 2, 3], max_new_tokens=8, temperature=0.7, stop=["\n"], seed=3),
+    DraftBlock(request_id="r1", round=2, num_committed=5, draft_ids=[7, 8], draft_probs=b"\x00" * 8, vocab_size=2),
+    Verdict(request_id="r1", round=2, num_committed=7, num_draft_tokens=2, num_accepted=1, committed_ids=[7, 9]),
+    OutputEvent(request_id="r1", seq=0, token_ids=[7, 9], num_output_tokens=2, finished=True, finish_reason="stop"),
+    Heartbeat(worker_id="w", role="verify", pool="cpu", num_sessions=3, kv_cache_bytes=1024),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: m.KIND)
+def test_round_trip(message):
+    assert type(message).decode(message.encode()) == message
+
+
+def test_unknown_version_is_refused():
+    raw = msgpack.packb({"v": 99, "kind": "verdict", "body": {}})
+    with pytest.raises(ProtocolError, match="unsupported protocol version 99"):
+        Verdict.decode(raw)
+
+
+def test_oversized_payload_is_refused_before_parsing():
+    with pytest.raises(ProtocolError, match=f"exceeds {MAX_MESSAGE_BYTES}"):
+        DraftBlock.decode(b"\x00" * (MAX_MESSAGE_BYTES + 1))
+
+
+@pytest.mark.parametrize(
+    "kind, raw, message",
+    [
+        (DraftBlock, b"\xc1garbage", "not valid msgpack"),
+        (DraftBlock, msgpack.packb([1, 2]), "expected a map"),
+        (DraftBlock, EXAMPLES[2].encode(), "expected a 'draft_block' message, got 'verdict'"),
+        (DraftBlock, msgpack.packb({"v": 1, "kind": "draft_block", "body": {"request_id": "r"}}), "bad fields"),
+        (Verdict, msgpack.packb({"v": 1, "kind": "verdict", "body": {**EXAMPLES[2].to_dict(), "evil": 1}}),
+         "unknown fields"),
+    ],
+)
+def test_bad_messages_raise_protocol_error(kind, raw, message):
+    with pytest.raises(ProtocolError, match=message):
+        kind.decode(raw)
+
+
+def test_draft_probs_travel_as_float16():
+    probs = torch.softmax(torch.randn(3, 11), dim=-1)
+    block = DraftBlock(request_id="r", round=0, num_committed=1, draft_ids=[1, 2, 3],
+                       draft_probs=protocol.encode_probs(probs), vocab_size=11)
+    decoded = protocol.decode_probs(DraftBlock.decode(block.encode()))
+    assert decoded.shape == (3, 11)
+    torch.testing.assert_close(decoded, probs, atol=1e-3, rtol=1e-2)
+    block.vocab_size = 12
+    with pytest.raises(ProtocolError, match="expected 72"):
+        protocol.decode_probs(block)
+
+
+def test_names_are_namespaced():
+    assert protocol.draft_queue("cpu") == "draft.cpu"
+    assert protocol.verify_pool_queue("gpu").startswith("mirror-sd:")
+    assert protocol.output_stream("x") != protocol.verdict_queue("x")
