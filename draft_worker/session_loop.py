@@ -102,6 +102,7 @@ class DraftSession:
     def run(self, report: Callable[[dict], None] | None = None) -> SessionSummary:
         self.client.delete(self.reply_to)  # verdicts of an earlier owner are stale
         finish_reason = "length"
+        lease_renewed = time.monotonic()
         try:
             while True:
                 if self.client.exists(protocol.cancel_key(self.request_id)):
@@ -113,7 +114,9 @@ class DraftSession:
                     break
                 if report is not None and self.round % 8 == 0:
                     report(self._progress())
-                self.client.set(protocol.lease_key(self.request_id), self.runtime.worker_id, ex=LEASE_TTL_S)
+                if time.monotonic() - lease_renewed > LEASE_TTL_S / 4:  # off the per-round path
+                    self.client.set(protocol.lease_key(self.request_id), self.runtime.worker_id, ex=LEASE_TTL_S)
+                    lease_renewed = time.monotonic()
         finally:
             if self.drafter is not None:
                 self.drafter.release()
@@ -161,7 +164,9 @@ class DraftSession:
     def _exchange(self, block: DraftBlock) -> tuple[Verdict, float]:
         """Send the block (sticky worker first) and wait for its verdict, failing over to the pool
         when the worker holding the session stops sending heartbeats."""
-        worker = self.sticky_worker if self.sticky_worker and self._alive(self.sticky_worker) else None
+        # No liveness check per round: a dead sticky worker shows up as a wait
+        # without a verdict, and the block then goes to the pool.
+        worker = self.sticky_worker
         queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(self.spec.pool)
         payload = block.encode()
         sent = time.perf_counter()

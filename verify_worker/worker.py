@@ -60,12 +60,17 @@ class VerifyWorker:
         if item is None:
             return []
         batch = [item[1]]
-        for queue in self.queues:
-            while len(batch) < self.max_batch_size:
-                raw = self.client.lpop(queue)
-                if raw is None:
-                    break
-                batch.append(raw)
+        if self.max_batch_size > 1:
+            # What else is already queued, own queue first, in one round trip.
+            with self.client.pipeline(transaction=False) as pipe:
+                for queue in self.queues:
+                    pipe.lpop(queue, self.max_batch_size - 1)
+                for popped in pipe.execute():
+                    batch.extend(popped or [])
+            # Anything past the batch size goes back to the front of the pool queue.
+            if len(batch) > self.max_batch_size:
+                self.client.lpush(self.queues[1], *reversed(batch[self.max_batch_size:]))
+                batch = batch[: self.max_batch_size]
         return batch
 
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
