@@ -172,86 +172,39 @@ def bench(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar."""
-    import json as json_lib
     from pathlib import Path
 
     from services.bench.prompts import load_prompts, select_prompts
-    from services.bench.report import build_report, to_json, to_markdown
-    from services.bench.runner import check_against_ar, run_mode
+    from services.bench.run import BenchConfig, parse_modes, run_bench
     from services.config import get_settings
-    from services.engine import GenerationOptions
-    from services.models.drafters import load_draft_source
     from services.models.loading import load_model
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    for mode in mode_list:
-        if mode not in ("ar", "stack") and not mode.startswith("sd:"):
-            _fail(f"unknown mode {mode!r}: use ar, sd:<draft> or stack")
     try:
-        sampling = SamplingParams(temperature=temperature, seed=seed)
-        chosen = select_prompts(
-            load_prompts(Path(prompts)),
-            categories=categories.split(",") if categories else None,
-            limit=limit,
-            per_group=per_group,
+        config = BenchConfig(
+            modes=parse_modes(modes),
+            prompts=select_prompts(load_prompts(Path(prompts)), limit=limit, per_group=per_group,
+                                   categories=categories.split(",") if categories else None),
+            sampling=SamplingParams(temperature=temperature, seed=seed),
+            max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key,
+            meta={"prompts": prompts, "threads": threads or settings.num_threads},
         )
     except ValueError as exc:
         _fail(str(exc))
-    if not chosen:
+    if not config.prompts:
         _fail("no prompts selected")
     _setup(threads or settings.num_threads, False)
     try:
-        target_model = load_model(target or settings.target, precision=settings.target_precision, device=settings.device)
+        target_model = load_model(target or settings.target, precision=settings.target_precision,
+                                  device=settings.device)
     except MirrorSDError as exc:
         _fail(str(exc))
-    runs_by_mode = {}
-    transport = {}
-    for mode in mode_list:
-        if mode == "stack":
-            from services.bench.stack_client import percentile, run_stack, transport_samples
-
-            before = len(transport_samples(settings.redis_url))
-            options = GenerationOptions(sampling=sampling, max_new_tokens=max_new_tokens)
-            runs_by_mode[mode] = run_stack(url, api_key, settings.target, chosen, options, repeat=repeat,
-                                           warmup=warmup)
-            samples = transport_samples(settings.redis_url)
-            fresh = samples[: max(0, len(samples) - before)] if before < 20000 else samples
-            transport = {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99)}
-            continue
-        draft_spec = "none" if mode == "ar" else mode.split(":", 1)[1]
-        source = load_draft_source(draft_spec, target_model, speculative=settings.speculative)
-        options = GenerationOptions(
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            speculative=settings.speculative,
-            chunk_size=settings.prefill_chunk_size,
-        )
-        runs_by_mode[mode] = run_mode(mode, target_model, source, chosen, options, repeat=repeat, warmup=warmup)
-    mismatches = {}
-    if sampling.greedy and "ar" in runs_by_mode:
-        for mode, runs in runs_by_mode.items():
-            if mode != "ar":
-                mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
-    rows = build_report(runs_by_mode)
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"prompts": prompts, "modes": mode_list, "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "num_prompts": len(chosen), "target": target_model.name, "threads": threads or settings.num_threads}
-    if transport:
-        meta["transport_overhead"] = transport
-    (out_dir / "results.json").write_text(json_lib.dumps(to_json(rows, runs_by_mode, meta), indent=1))
-    table = to_markdown([r for r in rows if not r.scope.startswith("category:")] + [r for r in rows if r.scope.startswith("category:")])
-    if transport:
-        table += (f"\nstack transport overhead per round (round trip minus verify time): "
-                  f"p50 {transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds\n")
-    (out_dir / "results.md").write_text(table)
-    typer.echo(table)
-    bad = {mode: ids for mode, ids in mismatches.items() if ids}
-    if bad:
-        for mode, ids in bad.items():
-            typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
+    outcome = run_bench(config, settings, target_model, Path(out))
+    typer.echo(outcome.table)
+    for mode, ids in outcome.mismatches.items():
+        typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
+    if outcome.mismatches:
         raise typer.Exit(code=1)
 
 
@@ -328,7 +281,7 @@ def up(
     init_db(settings.database_url)  # migrate once, before the children race to it
     typer.echo(f"starting gateway on :{port}, a draft worker and a verify worker ({settings.target}) ...", err=True)
     try:
-        children, private = start_stack(redis_url=settings.redis_url, port=port)
+        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft)
     except RuntimeError as exc:
         _fail(str(exc))
     typer.echo(

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from services.models.drafters.factory import needs_target_weights
 from services.redis_client import is_reachable
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ def stop_children(children: dict[str, subprocess.Popen], timeout_s: float = 15.0
             child.kill()
 
 
-def start_stack(*, redis_url: str, port: int, env: dict[str, str] | None = None, ready_timeout_s: float = 180.0,
+def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
+                ready_timeout_s: float = 180.0,
                 log_dir: Path | None = None) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
     private = None
     if not is_reachable(redis_url):
@@ -123,9 +125,11 @@ def start_stack(*, redis_url: str, port: int, env: dict[str, str] | None = None,
         redis_url = private.url
     cores = os.cpu_count() or 2
     child_env = {**os.environ, **(env or {}), "MIRROR_SD_REDIS_URL": redis_url}
+    # A model draft needs a core of its own; prompt lookup barely uses one.
+    verify_threads = max(1, cores - 1) if needs_target_weights(draft) else cores
     children: dict[str, subprocess.Popen] = {}
     try:
-        for name, command in child_commands(port=port, verify_threads=max(1, cores - 1), draft_threads=1).items():
+        for name, command in child_commands(port=port, verify_threads=verify_threads, draft_threads=1).items():
             output = open(log_dir / f"{name}.log", "w") if log_dir else None  # noqa: SIM115 - child owns it
             children[name] = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT
                                               if output else None)

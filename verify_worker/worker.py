@@ -51,27 +51,15 @@ class VerifyWorker:
 
     # --- loop ---------------------------------------------------------------------------------
     def next_batch(self, timeout_s: float) -> list[bytes]:
-        """Up to max_batch_size blocks: wait for one, then take what is already queued.
+        """Up to max_batch_size blocks from the first non-empty queue (own queue first).
 
-        Verification still runs block by block; the batch is where a batched
-        forward over several sessions will plug in.
+        BLMPOP waits and takes the batch in one round trip. Verification still
+        runs block by block; the batch is where a batched forward over several
+        sessions will plug in.
         """
-        item = self.client.blpop(self.queues, timeout=timeout_s)
-        if item is None:
-            return []
-        batch = [item[1]]
-        if self.max_batch_size > 1:
-            # What else is already queued, own queue first, in one round trip.
-            with self.client.pipeline(transaction=False) as pipe:
-                for queue in self.queues:
-                    pipe.lpop(queue, self.max_batch_size - 1)
-                for popped in pipe.execute():
-                    batch.extend(popped or [])
-            # Anything past the batch size goes back to the front of the pool queue.
-            if len(batch) > self.max_batch_size:
-                self.client.lpush(self.queues[1], *reversed(batch[self.max_batch_size:]))
-                batch = batch[: self.max_batch_size]
-        return batch
+        item = self.client.blmpop(timeout_s, len(self.queues), *self.queues, direction="LEFT",
+                                  count=self.max_batch_size)
+        return list(item[1]) if item else []
 
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
         logger.info("verify worker %s serving pool %s (queues %s)", self.worker_id, self.pool, self.queues)

@@ -54,3 +54,13 @@ def test_report_speedup_and_mismatch():
     assert rows[("sd:x", "all")].acceptance_rate == pytest.approx(3 / 6)
     assert rows[("sd:x", "all")].num_mismatches == 1
     assert "| sd:x | all | 2 | 6 |" in to_markdown(list(rows.values()))
+
+
+def test_parse_modes():
+    from services.bench.run import parse_modes
+
+    assert parse_modes("ar, sd:ngram,stack") == ["ar", "sd:ngram", "stack"]
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        parse_modes("ar,fast")
+    with pytest.raises(ValueError, match="no modes"):
+        parse_modes(" , ")
