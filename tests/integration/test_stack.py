@@ -54,13 +54,16 @@ def chat_body(prompt: str, **extra) -> dict:
             "temperature": 0, "return_token_ids": True, **extra}
 
 
-def read_sse(response: httpx.Response) -> list[dict | str]:
-    events = []
+def iter_sse(response: httpx.Response):
+    """Each `data:` payload, parsed; the final "[DONE]" as a string."""
     for line in response.iter_lines():
         if line.startswith("data: "):
             data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def read_sse(response: httpx.Response) -> list[dict | str]:
+    return list(iter_sse(response))
 
 
 def pick(dev_prompts: list[dict], count: int) -> list[dict]:
@@ -197,11 +200,8 @@ def test_delete_cancels_and_frees_the_kv_cache(stack, client):
     body = chat_body("Write a long story about a dragon.", max_tokens=400, ignore_eos=True, stream=True)
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         events = []
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            events.append(data if data == "[DONE]" else json.loads(data))
+        for event in iter_sse(response):
+            events.append(event)
             if len(events) == 3:
                 wait_for(lambda: sessions_held(stack) > 0)
                 deleted = client.delete(f"/v1/requests/{events[0]['id']}")
@@ -220,13 +220,11 @@ def test_delete_cancels_and_frees_the_kv_cache(stack, client):
 def test_client_disconnect_cancels_the_session(stack, client):
     body = chat_body("Write a long story about a castle.", max_tokens=400, ignore_eos=True, stream=True)
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        lines = response.iter_lines()
         request_id = None
-        for line in lines:
-            if line.startswith("data: {"):
-                request_id = json.loads(line[6:])["id"]
-                if sessions_held(stack) > 0:
-                    break
+        for event in iter_sse(response):
+            request_id = event["id"]
+            if sessions_held(stack) > 0:
+                break
     # The connection is closed here, mid-stream.
     wait_for(lambda: sessions_held(stack) == 0)
     status = wait_for(lambda: (lambda s: s if s["status"] == "cancelled" else None)(
@@ -251,11 +249,8 @@ def test_killed_verify_worker_loses_no_request(stack, client, reference):
     killed = None
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         events = []
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            events.append(data if data == "[DONE]" else json.loads(data))
+        for event in iter_sse(response):
+            events.append(event)
             if killed is None and len(events) >= 3:
                 holder = wait_for(lambda: next((beat.worker_id for beat in stack.heartbeats("verify")
                                                 if beat.num_sessions > 0), None), interval_s=0.05)
