@@ -127,7 +127,8 @@ class DraftSession:
         if self.drafter is None:
             return 0
         remaining = self.spec.max_new_tokens - self.num_output
-        return max(0, min(self.controller.num_draft_tokens, remaining - 1))
+        cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining
+        return max(0, min(self.controller.num_draft_tokens, remaining - 1, cap))
 
     def _round(self) -> Verdict:
         num_draft_tokens = self._block_length()

@@ -34,6 +34,8 @@ class GatewayState:
     inflight: int = 0
     key_cache: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # hash -> (expiry, id, priority)
     worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)
+    routing_cache: tuple[float, object] | None = None  # (expiry, RoutingTable | None)
+    wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
 
 
 def load_served_model(settings: Settings) -> ServedModel:

@@ -11,6 +11,7 @@ from gateway.auth import Caller
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
+from gateway.routing import route_request
 from gateway.workers import missing_roles
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
@@ -80,10 +81,12 @@ async def submit(
     _validate(state, params, prompt_ids, max_new_tokens)
     if state.inflight >= state.settings.gateway.max_inflight:
         raise APIError(503, "server is at capacity; retry shortly", headers={"Retry-After": "2"})
-    pool = state.settings.worker.pool
-    missing = await missing_roles(state, pool)
+    draft_pool = state.settings.worker.pool
+    route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
+    pool = route.pool
+    missing = await missing_roles(state, draft_pool=draft_pool, verify_pool=pool)
     if missing:
-        raise APIError(503, f"no {' or '.join(missing)} worker is serving pool {pool!r}; retry shortly",
+        raise APIError(503, f"no {' or '.join(missing)} worker is serving; retry shortly",
                        headers={"Retry-After": "5"})
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     spec = SessionSpec(
@@ -98,7 +101,9 @@ async def submit(
         ignore_eos=params.ignore_eos,
         priority=PRIORITY_LEVELS[caller.priority],
         pool=pool,
-        route="sd",
+        route=route.route,
+        max_draft_tokens=route.max_draft_tokens,
+        routing_version=route.table_version,
     )
     await asyncio.to_thread(
         _create_row,
@@ -119,7 +124,7 @@ async def submit(
         state.celery.send_task,
         TASK_RUN_SESSION,
         args=[request_id],
-        queue=draft_queue(pool),
+        queue=draft_queue(draft_pool),
         priority=PRIORITY_LEVELS[caller.priority],
         task_id=request_id,
     )

@@ -30,7 +30,9 @@ async def live_workers(state: GatewayState, *, fresh: bool = False) -> list[Hear
     return beats
 
 
-async def missing_roles(state: GatewayState, pool: str) -> list[str]:
-    """Roles with no live worker in this pool: a request sent there now would only wait."""
+async def missing_roles(state: GatewayState, *, draft_pool: str, verify_pool: str) -> list[str]:
+    """Roles with no live worker for this request: sent now, it would only wait."""
     beats = await live_workers(state)
-    return [role for role in ("draft", "verify") if not any(b.role == role and b.pool == pool for b in beats)]
+    wanted = {"draft": draft_pool, "verify": verify_pool}
+    return [f"{role} ({pool})" for role, pool in wanted.items()
+            if not any(b.role == role and b.pool == pool for b in beats)]

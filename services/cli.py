@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 app = typer.Typer(help="Mirror-SD: distributed speculative decoding.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Built-in and local models.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+telemetry_app = typer.Typer(help="Telemetry: routing-table service and probe overrides.", no_args_is_help=True)
+app.add_typer(telemetry_app, name="telemetry")
 keys_app = typer.Typer(help="API keys (stored hashed, each with a priority tier).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -303,6 +305,89 @@ def up(
         stop_children(children)
         if private is not None:
             private.stop()
+
+
+@telemetry_app.command("run")
+def telemetry_run() -> None:
+    """Turn heartbeats into the routing table (fallback rules), every telemetry.interval_s."""
+    from services.config import get_settings
+    from telemetry.main import run_telemetry
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run_telemetry(get_settings())
+
+
+@telemetry_app.command("inject")
+def telemetry_inject(
+    worker: Annotated[str, typer.Option(help="worker id (see mirror-sd status)")],
+    temperature: Annotated[float | None, typer.Option(help="degrees C")] = None,
+    utilization: Annotated[float | None, typer.Option(help="0..1")] = None,
+    memory: Annotated[float | None, typer.Option(help="used fraction 0..1")] = None,
+    device_kind: Annotated[str | None, typer.Option("--device-kind", help="e.g. cuda")] = None,
+    duration: Annotated[str, typer.Option("--for", help="how long, e.g. 30s, 2m")] = "30s",
+    clear: Annotated[bool, typer.Option("--clear", help="remove the override now")] = False,
+) -> None:
+    """Override a worker's probe readings for a while (tests and drills)."""
+    import time
+
+    import msgpack
+
+    from services.config import get_settings
+    from services.protocol import probe_override_key
+    from services.redis_client import connect
+    from telemetry.main import parse_duration
+
+    client = connect(get_settings().redis_url)
+    if clear:
+        client.delete(probe_override_key(worker))
+        typer.echo(f"cleared the override of {worker}")
+        return
+    try:
+        seconds = parse_duration(duration)
+        if utilization is not None and not 0 <= utilization <= 1:
+            raise ValueError(f"--utilization must be in 0..1, got {utilization}")
+    except ValueError as exc:
+        _fail(str(exc))
+    override = {"temperature_c": temperature, "utilization": utilization, "memory_used_frac": memory,
+                "expires_at": time.time() + seconds}
+    if device_kind:
+        override["device_kind"] = device_kind
+    client.set(probe_override_key(worker), msgpack.packb(override), ex=int(seconds) + 1)
+    typer.echo(f"override on {worker} for {seconds:.0f}s: "
+               + ", ".join(f"{k}={v}" for k, v in override.items() if v is not None and k != "expires_at"))
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Workers, pools, temperatures, utilization, acceptance and routing weights."""
+    import json as json_lib
+    import time
+
+    from services.config import get_settings
+    from services.redis_client import connect
+    from telemetry.service import read_heartbeats, read_routing_table
+
+    client = connect(get_settings().redis_url)
+    beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
+    table = read_routing_table(client)
+    if as_json:
+        typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
+                                   "routing": table.to_dict() if table else None}))
+        return
+    typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':6} {'temp':>6} {'util':>5} {'accept':>6} "
+               f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
+    for b in beats:
+        temp = f"{b.temperature_c:.0f}C" if b.temperature_c is not None else "-"
+        accept = f"{b.acceptance_rate:.2f}" if b.acceptance_rate is not None else "-"
+        p99 = f"{b.latency_p99_ms:.0f}" if b.latency_p99_ms is not None else "-"
+        typer.echo(f"{b.worker_id:32} {b.role:7} {b.pool:6} {b.device_kind:6} {temp:>6} {b.utilization:5.2f} "
+                   f"{accept:>6} {p99:>7} {b.num_sessions:8d} {time.time() - b.sent_at:4.1f}s")
+    if table is None:
+        typer.echo("routing: no table yet (is `mirror-sd telemetry run` up?)")
+    else:
+        weights = ", ".join(f"{pool} {weight:.2f}" for pool, weight in table.pool_weights.items())
+        typer.echo(f"routing v{table.version}: {weights}; ar {table.ar_pools or '-'}; degraded "
+                   f"{table.degraded_pools or '-'}; hot {table.hot_workers or '-'}; alerts {table.alerts or '-'}")
 
 
 @app.command("gateway")

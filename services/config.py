@@ -77,6 +77,25 @@ class GatewaySettings(BaseModel):
     max_inflight: int = Field(256, ge=1, description="requests in flight before new ones get 503")
 
 
+class TelemetrySettings(BaseModel):
+    """Fallback-rule thresholds (DESIGN.md, "Telemetry and routing")."""
+
+    interval_s: float = Field(0.5, gt=0, description="how often the routing table is recomputed")
+    hot_temperature_c: float = Field(85.0, description="accelerator temperature that moves traffic away")
+    cool_temperature_c: float = Field(80.0, description="hysteresis: traffic returns below this")
+    thermal_shift: float = Field(1.0, ge=0.0, le=1.0, description="share of a hot worker's new sessions moved")
+    fallback_pool: str = "cpu"
+    utilization_gap: float = Field(0.30, ge=0.0, le=1.0)
+    rebalance_step: float = Field(0.10, ge=0.0, le=1.0)
+    rejection_alert: float = Field(0.20, ge=0.0, le=1.0)
+    latency_p99_ms: float = Field(200.0, gt=0)
+    acceptance_floor: float = Field(0.30, ge=0.0, le=1.0)
+    min_drafted_for_acceptance: int = Field(50, ge=1, description="draft tokens seen before acceptance rules act")
+    heartbeat_timeout_s: float = Field(3.0, gt=0)
+    short_prompt_tokens: int = Field(50, ge=0, description="prompts under this may go to short_prompt_pool")
+    short_prompt_pool: str | None = None
+
+
 class SchedulerSettings(BaseModel):
     """Verify-side batching (the seed's `scheduler:` block)."""
 
@@ -120,6 +139,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @model_validator(mode="after")
     def _refuse_unsafe_outside_development(self) -> "Settings":

@@ -147,8 +147,10 @@ class SessionSpec(Message):
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     priority: int = 1  # 0 high, 1 normal, 2 low
-    pool: str = DEFAULT_POOL
+    pool: str = DEFAULT_POOL  # verify pool, chosen by the gateway from the routing table
     route: str = "sd"  # "sd" or "ar" (plain target decoding)
+    max_draft_tokens: int | None = None  # cap on gamma (a degraded pool gets shorter blocks)
+    routing_version: int = 0
     created_at: float = field(default_factory=time.time)
 
 
@@ -234,4 +236,41 @@ class Heartbeat(Message):
     num_sessions: int = 0
     kv_cache_bytes: int = 0
     queue_depth: int = 0
+    device_kind: str = "cpu"
+    utilization: float = 0.0  # 0..1
+    memory_used_frac: float = 0.0
+    temperature_c: float | None = None
+    overridden: list[str] = field(default_factory=list)  # readings injected by a probe override
+    num_draft_tokens: int = 0  # over the rolling window
+    num_accepted_tokens: int = 0
+    latency_p50_ms: float | None = None  # per committed token, rolling
+    latency_p99_ms: float | None = None
+    profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
     sent_at: float = field(default_factory=time.time)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+def probe_override_key(worker_id: str) -> str:
+    """Injected readings for one worker (tests and drills): a msgpack map with `expires_at`."""
+    return f"{KEY_PREFIX}:probe-override:{worker_id}"
+
+
+ROUTING_TABLE_KEY = f"{KEY_PREFIX}:routing"
+
+
+@dataclass
+class RoutingTable(Message):
+    """Written by the telemetry service; read by the gateway for every new session."""
+
+    KIND: ClassVar[str] = "routing_table"
+    version: int = 0
+    pool_weights: dict[str, float] = field(default_factory=dict)  # share of new sessions per pool
+    ar_pools: list[str] = field(default_factory=list)  # plain target decoding (acceptance too low)
+    degraded_pools: list[str] = field(default_factory=list)  # latency too high: shorter blocks, shed low
+    hot_workers: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)  # live verify workers
+    alerts: list[str] = field(default_factory=list)  # workers whose rejection rate is over the line
+    updated_at: float = field(default_factory=time.time)

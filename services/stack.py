@@ -84,6 +84,7 @@ def child_commands(*, port: int, verify_threads: int, draft_threads: int) -> dic
     return {
         "verify-worker": [*cli, "verify-worker", "--threads", str(verify_threads)],
         "draft-worker": [*cli, "draft-worker", "--threads", str(draft_threads)],
+        "telemetry": [*cli, "telemetry", "run"],
         "gateway": [*cli, "gateway", "--port", str(port)],
     }
 

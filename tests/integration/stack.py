@@ -21,7 +21,8 @@ TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
 
 class Stack:
     def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
-                 draft_concurrency: int = 8, auth: bool = True) -> None:
+                 draft_concurrency: int = 8, auth: bool = True, verify_pools: list[str] | None = None,
+                 telemetry: bool = False) -> None:
         self.workdir = workdir
         self.pool = pool
         self.port = free_port()
@@ -38,7 +39,10 @@ class Stack:
             "MIRROR_SD_GATEWAY__AUTH_DISABLED": "false" if auth else "true",
             "MIRROR_SD_NUM_THREADS": "1",
         }
-        self.verify_ids = [f"verify-{pool}-{index}" for index in range(verify_workers)]
+        pools = verify_pools or [pool] * verify_workers
+        self.verify_ids = [f"verify-{verify_pool}-{index}" for index, verify_pool in enumerate(pools)]
+        self.verify_pool_of = dict(zip(self.verify_ids, pools))
+        self.telemetry = telemetry
         self.processes: dict[str, subprocess.Popen] = {}
         self.redis = redis.Redis.from_url(self.redis_url)
         self.db = None
@@ -49,7 +53,7 @@ class Stack:
 
     def spawn_verify(self, worker_id: str) -> None:
         command = child_commands(port=self.port, verify_threads=1, draft_threads=1)["verify-worker"]
-        self._spawn(worker_id, [*command, "--worker-id", worker_id])
+        self._spawn(worker_id, [*command, "--worker-id", worker_id, "--pool", self.verify_pool_of[worker_id]])
 
     def start(self, timeout_s: float = 180) -> "Stack":
         self.redis.flushdb()
@@ -59,6 +63,8 @@ class Stack:
             self.spawn_verify(worker_id)
         self._spawn("draft-worker", [*commands["draft-worker"], "--worker-id", f"draft-{self.pool}"])
         self._spawn("gateway", commands["gateway"])
+        if self.telemetry:
+            self._spawn("telemetry", commands["telemetry"])
         self.wait_ready(timeout_s)
         return self
 

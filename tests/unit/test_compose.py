@@ -16,7 +16,7 @@ def load() -> dict:
 
 def test_every_service_has_a_healthcheck_or_waits_for_health():
     services = load()["services"]
-    assert {"redis", "postgres", "gateway", "draft-worker", "verify-worker", "flower"} <= set(services)
+    assert {"redis", "postgres", "gateway", "draft-worker", "verify-worker", "telemetry", "flower"} <= set(services)
     for name, service in services.items():
         if name != "flower":
             assert "healthcheck" in service, name
@@ -32,6 +32,9 @@ def test_commands_are_real_cli_commands_with_real_options():
         if command[:1] != ["mirror-sd"]:
             continue
         subcommand = cli.commands[command[1]]
+        if hasattr(subcommand, "commands"):  # a group: `mirror-sd telemetry run`
+            subcommand = subcommand.commands[command[2]]
+            command = command[1:]
         known = {opt for param in subcommand.params for opt in getattr(param, "opts", [])}
         flags = [part for part in command[2:] if part.startswith("--")]
         assert set(flags) <= known, (name, set(flags) - known)

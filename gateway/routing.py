@@ -1,0 +1,70 @@
+"""Per-request routing from the telemetry service's table: which verify pool, sd or plain target decoding."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from gateway.errors import APIError
+from gateway.state import GatewayState
+from services.config import TelemetrySettings
+from services.protocol import ROUTING_TABLE_KEY, RoutingTable
+
+logger = logging.getLogger(__name__)
+
+TABLE_CACHE_S = 0.5  # new routing reaches new sessions well within 2 s
+
+
+@dataclass(frozen=True)
+class Route:
+    pool: str  # verify pool
+    route: str  # "sd" | "ar"
+    max_draft_tokens: int | None  # shorter blocks on a degraded pool
+    table_version: int
+
+
+def smooth_weighted_pick(weights: dict[str, float], current: dict[str, float]) -> str:
+    """Smooth weighted round-robin (nginx): deterministic, and every window of requests
+    follows the weights closely. `current` carries the state between calls."""
+    total = sum(weights.values())
+    for pool, weight in weights.items():
+        current[pool] = current.get(pool, 0.0) + weight
+    for stale in [pool for pool in current if pool not in weights]:
+        del current[stale]
+    chosen = max(sorted(weights), key=lambda pool: current[pool])
+    current[chosen] -= total
+    return chosen
+
+
+def choose_route(table: RoutingTable | None, *, default_pool: str, num_prompt_tokens: int, priority: str,
+                 config: TelemetrySettings, wrr_state: dict[str, float]) -> Route:
+    if table is None or not table.pool_weights or sum(table.pool_weights.values()) <= 0:
+        return Route(default_pool, "sd", None, table.version if table else 0)
+    pool = None
+    if config.short_prompt_pool and num_prompt_tokens < config.short_prompt_tokens \
+            and table.pool_weights.get(config.short_prompt_pool, 0) > 0:
+        pool = config.short_prompt_pool
+    if pool is None:
+        pool = smooth_weighted_pick({p: w for p, w in table.pool_weights.items() if w > 0}, wrr_state)
+    degraded = pool in table.degraded_pools
+    if degraded and priority == "low":
+        raise APIError(503, f"pool {pool!r} is over its latency budget; low-priority requests are shed",
+                       headers={"Retry-After": "5"})
+    return Route(pool, "ar" if pool in table.ar_pools else "sd", 2 if degraded else None, table.version)
+
+
+async def current_table(state: GatewayState) -> RoutingTable | None:
+    cached = state.routing_cache
+    if cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    raw = await state.redis.get(ROUTING_TABLE_KEY)
+    table = RoutingTable.decode(raw) if raw is not None else None
+    state.routing_cache = (time.monotonic() + TABLE_CACHE_S, table)
+    return table
+
+
+async def route_request(state: GatewayState, *, num_prompt_tokens: int, priority: str) -> Route:
+    return choose_route(await current_table(state), default_pool=state.settings.worker.pool,
+                        num_prompt_tokens=num_prompt_tokens, priority=priority,
+                        config=state.settings.telemetry, wrr_state=state.wrr_state)

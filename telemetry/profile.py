@@ -1,0 +1,35 @@
+"""Device profile measured at worker start-up: what verifying 1, 4 and 8 tokens costs here."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+from services.engine.target import TargetSession
+from services.models.loading import LoadedModel
+from services.speculative.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, repeats: int = 3) -> dict[str, float]:
+    """{"verify_ms_1": ..., "verify_ms_4": ..., "verify_ms_8": ...}: median ms of one target forward."""
+    vocab = target.vocab_size
+    prompt = [(7 * index + 3) % vocab for index in range(min(context_tokens, target.max_context - 16))]
+    session = TargetSession(target, prompt)
+    greedy = SamplingParams()
+    profile = {}
+    for num_tokens in (1, 4, 8):
+        draft = [(11 * index + 5) % vocab for index in range(num_tokens - 1)]
+        timings = []
+        for _ in range(repeats + 1):  # the first call warms up
+            started = time.perf_counter()
+            verification = session.verify(draft, None, greedy, None)
+            timings.append(1000 * (time.perf_counter() - started))
+            session._lm.crop(len(prompt) - 1)  # back to the prompt for the next timing
+            del session.token_ids[len(prompt):]
+            assert verification.num_draft_tokens == len(draft)
+        profile[f"verify_ms_{num_tokens}"] = round(statistics.median(timings[1:]), 3)
+    session.release()
+    return profile

@@ -1,0 +1,75 @@
+"""The telemetry service: heartbeats -> fallback rules -> versioned routing table in Redis, events in SQL."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from services.config import Settings
+from services.protocol import HEARTBEAT_PATTERN, ROUTING_TABLE_KEY, Heartbeat, ProtocolError, RoutingTable
+from services.storage import crud
+from telemetry.rules import RuleEvent, evaluate
+
+logger = logging.getLogger(__name__)
+
+
+def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
+    keys = list(client.scan_iter(match=HEARTBEAT_PATTERN, count=200))
+    beats = []
+    for raw in client.mget(keys) if keys else []:
+        if raw is None:
+            continue
+        try:
+            beats.append(Heartbeat.decode(raw))
+        except ProtocolError as exc:
+            logger.warning("ignoring a bad heartbeat: %s", exc)
+    return beats
+
+
+def read_routing_table(client: redis.Redis) -> RoutingTable | None:
+    raw = client.get(ROUTING_TABLE_KEY)
+    return RoutingTable.decode(raw) if raw is not None else None
+
+
+class TelemetryService:
+    def __init__(self, *, settings: Settings, client: redis.Redis, db=None) -> None:
+        self.settings = settings
+        self.client = client
+        self.db = db
+        self.table = read_routing_table(client)
+
+    def tick(self, now: float | None = None) -> list[RuleEvent]:
+        table, events = evaluate(read_heartbeats(self.client), self.table, self.settings.telemetry,
+                                 now if now is not None else time.time())
+        if self.table is None or table.version != self.table.version:
+            self.client.set(ROUTING_TABLE_KEY, table.encode())
+        else:
+            table.version = self.table.version
+        self.table = table
+        for event in events:
+            logger.info("telemetry event %s worker=%s %s", event.kind, event.worker_id, event.detail)
+        self._record(events)
+        return events
+
+    def _record(self, events: list[RuleEvent]) -> None:
+        if self.db is None or not events:
+            return
+        try:
+            with self.db() as session:
+                for event in events:
+                    crud.record_event(session=session, kind=event.kind, worker_id=event.worker_id,
+                                      detail={**event.detail, **({"pool": event.pool} if event.pool else {})})
+        except Exception:  # the routing table matters more than its history
+            logger.exception("could not record telemetry events")
+
+    def serve(self, stop: threading.Event) -> None:
+        interval = self.settings.telemetry.interval_s
+        while not stop.is_set():
+            try:
+                self.tick()
+            except redis.RedisError:
+                logger.exception("telemetry tick failed")
+            stop.wait(interval)

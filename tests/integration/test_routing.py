@@ -1,0 +1,94 @@
+"""Traffic follows the hardware: an injected 90 C on the accelerator pool moves new sessions to the CPU pool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from services.protocol import ROUTING_TABLE_KEY, RoutingTable
+from tests.integration.stack import Stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    running = Stack(tmp_path_factory.mktemp("routing"), redis_db=9, verify_pools=["gpu", "cpu"],
+                    telemetry=True, auth=False).start()
+    yield running
+    running.stop()
+
+
+def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=stack.env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def table(stack: Stack) -> RoutingTable | None:
+    raw = stack.redis.get(ROUTING_TABLE_KEY)
+    return RoutingTable.decode(raw) if raw else None
+
+
+def wait_table(stack: Stack, condition, timeout_s: float = 10.0) -> tuple[RoutingTable, float]:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        current = table(stack)
+        if current is not None and condition(current):
+            return current, time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"routing table never met the condition: {table(stack)}")
+
+
+def pools_used(stack: Stack, count: int) -> list[str]:
+    pools = []
+    for index in range(count):
+        body = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
+                          json={"model": "smollm2-135m", "prompt": f"Number {index}:", "max_tokens": 2,
+                                "temperature": 0}).json()
+        pools.append(httpx.get(f"{stack.base_url}/v1/requests/{body['id']}").json()["pool"])
+    return pools
+
+
+def test_thermal_rule_moves_new_sessions_and_brings_them_back(stack):
+    gpu_worker = next(w for w, pool in stack.verify_pool_of.items() if pool == "gpu")
+    # This machine has no accelerator: the probe override makes the gpu-pool worker report as one.
+    assert cli(stack, "telemetry", "inject", "--worker", gpu_worker, "--device-kind", "cuda",
+               "--temperature", "60", "--for", "5m").returncode == 0
+    before, _ = wait_table(stack, lambda t: t.pool_weights.get("gpu", 0) > 0 and t.pool_weights.get("cpu", 0) > 0)
+    time.sleep(0.6)
+    used = pools_used(stack, 10)
+    # Smooth weighted round-robin: 10 requests follow the weights to within one request.
+    assert abs(used.count("gpu") - 10 * before.pool_weights["gpu"]) <= 1.5, (used, before.pool_weights)
+
+    injected = cli(stack, "telemetry", "inject", "--worker", gpu_worker, "--device-kind", "cuda",
+                   "--temperature", "90", "--for", "5m")
+    assert injected.returncode == 0, injected.stderr
+    hot, seconds = wait_table(stack, lambda t: gpu_worker in t.hot_workers)
+    assert hot.pool_weights == {"cpu": 1.0, "gpu": 0.0} and seconds < 3.0
+    time.sleep(0.6)  # the gateway caches the table for 0.5 s
+    assert pools_used(stack, 6) == ["cpu"] * 6
+
+    cli(stack, "telemetry", "inject", "--worker", gpu_worker, "--device-kind", "cuda",
+        "--temperature", "70", "--for", "5m")
+    cooled, _ = wait_table(stack, lambda t: not t.hot_workers)
+    assert cooled.pool_weights["gpu"] > 0 and cooled.version > hot.version
+    time.sleep(0.6)
+    used = pools_used(stack, 10)
+    assert abs(used.count("gpu") - 10 * cooled.pool_weights["gpu"]) <= 1.5, (used, cooled.pool_weights)
+
+    status = cli(stack, "status")
+    assert status.returncode == 0 and gpu_worker in status.stdout and "routing v" in status.stdout
+
+
+def test_killed_worker_leaves_the_routing_table(stack):
+    cpu_worker = next(w for w, pool in stack.verify_pool_of.items() if pool == "cpu")
+    wait_table(stack, lambda t: cpu_worker in t.workers)
+    stack.kill(cpu_worker)
+    _, seconds = wait_table(stack, lambda t: cpu_worker not in t.workers, timeout_s=10)
+    assert seconds < 4.0  # heartbeat TTL 3 s + one telemetry interval
+    stack.spawn_verify(cpu_worker)
+    wait_table(stack, lambda t: cpu_worker in t.workers, timeout_s=120)
