@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics
 from gateway.routes import router
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
@@ -30,6 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             celery=create_celery_app(settings),
             db=session_factory(engine),
             model=load_served_model(settings),
+            metrics=GatewayMetrics(),
         )
         app.state.gateway = state
         logger.info("gateway serving %s (context %d)", state.model.name, state.model.max_context)

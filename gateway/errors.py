@@ -50,13 +50,20 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    def count(request: Request, status: int) -> None:
+        state = getattr(request.app.state, "gateway", None)
+        if state is not None and state.metrics is not None:
+            state.metrics.rejected.labels(str(status)).inc()
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        count(request, exc.status_code)
         return JSONResponse(error_body(exc.status_code, exc.message, exc.param, exc.code),
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        count(request, 400)
         message, param = _describe(exc)
         return JSONResponse(error_body(400, message, param), status_code=400)
 

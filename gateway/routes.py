@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import anyio
 import json
@@ -11,7 +12,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from gateway import responses
@@ -22,6 +24,7 @@ from gateway.state import GatewayState
 from gateway.streaming import IncrementalText, RequestTimeout, read_output, sd_stats
 from gateway.submit import Submitted, check_model, submit
 from services.models.tokenization import encode_messages
+from gateway.routing import current_table
 from gateway.workers import live_workers
 from services.protocol import cancel_key
 from services.redis_client import REQUEST_TTL_S
@@ -71,14 +74,28 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         state.inflight -= 1
 
 
+def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
+             first_token_at: float | None) -> None:
+    state.metrics.observe_finished(
+        endpoint="chat.completions" if chat else "completions",
+        finish_reason=last.finish_reason if last else None,
+        prompt_tokens=len(submitted.spec.prompt_ids), completion_tokens=num_tokens,
+        ttft_s=first_token_at - started if first_token_at else None,
+        total_s=time.monotonic() - started, event=last,
+    )
+
+
 async def _collect(request: Request, state: GatewayState, submitted: Submitted, params: SamplingFields,
                    chat: bool) -> JSONResponse:
     text = IncrementalText(state.model.tokenizer, params.stop)
     last = None
     finished = False
+    started, first_token_at = time.monotonic(), None
     try:
         async for event in read_output(state, submitted.request_id, state.settings.gateway.request_timeout_s):
             last = event
+            if event.token_ids and first_token_at is None:
+                first_token_at = time.monotonic()
             text.feed(event.token_ids)
             if event.finished:
                 finished = True
@@ -89,6 +106,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     finally:
         if not finished:
             await cancel_request(state, submitted.request_id)
+        _observe(state, submitted, chat, last, len(text.token_ids), started, first_token_at)
     if last is not None and last.finish_reason == "error":
         return JSONResponse(error_body(500, last.error or "generation failed"), status_code=500)
     build = responses.chat_body if chat else responses.completion_body
@@ -121,11 +139,14 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
 
     finished = False
     last = None
+    started, first_token_at = time.monotonic(), None
     try:
         if chat:
             yield chunk("", first=True)
         async for event in read_output(state, request_id, state.settings.gateway.request_timeout_s):
             last = event
+            if event.token_ids and first_token_at is None:
+                first_token_at = time.monotonic()
             if event.finished:
                 finished = True
                 if event.finish_reason == "error":
@@ -145,6 +166,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
         yield {"data": json.dumps(error_body(504, str(exc)))}
     finally:
         state.inflight -= 1
+        _observe(state, submitted, chat, last, len(text.token_ids), started, first_token_at)
         if not finished:  # client went away (or timeout): stop the session within a round
             # The disconnect cancelled this task; shield the cleanup so it still runs.
             with anyio.CancelScope(shield=True):
@@ -246,3 +268,31 @@ async def readyz(request: Request) -> JSONResponse:
         checks["error"] = f"{type(exc).__name__}: {exc}"
     ready = checks["redis"] and checks["draft_workers"] >= 1 and checks["verify_workers"] >= 1
     return JSONResponse({"ready": ready, **checks}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    state.metrics.fleet.beats = await live_workers(state, fresh=True)
+    state.metrics.fleet.table = await current_table(state)
+    state.metrics.inflight.set(state.inflight)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/telemetry")
+async def telemetry(request: Request, caller: Caller = Depends(authenticate)) -> dict:
+    """The current routing table, live workers and recent events."""
+    state = _state(request)
+
+    def events() -> list[dict]:
+        with state.db() as session:
+            return [{"at": e.created_at.isoformat(), "kind": e.kind, "worker_id": e.worker_id,
+                     "request_id": e.request_id, "detail": e.detail}
+                    for e in crud.list_events(session=session, limit=50)]
+
+    table = await current_table(state)
+    return {
+        "routing": table.to_dict() if table else None,
+        "workers": [beat.to_dict() for beat in await live_workers(state, fresh=True)],
+        "events": await asyncio.to_thread(events),
+    }

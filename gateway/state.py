@@ -31,6 +31,7 @@ class GatewayState:
     celery: Celery
     db: sessionmaker[Session]
     model: ServedModel
+    metrics: object = None  # GatewayMetrics
     inflight: int = 0
     key_cache: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # hash -> (expiry, id, priority)
     worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)

@@ -261,3 +261,36 @@ def test_killed_verify_worker_loses_no_request(stack, client, reference):
     assert final["token_ids"] == expected
     stack.spawn_verify(killed)
     stack.wait_ready()
+
+
+def scrape(stack) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{stack.base_url}/metrics")
+    assert response.status_code == 200
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def test_metrics_parse_and_match_the_requests_sent(stack, client):
+    before = scrape(stack)
+    bodies = [client.post("/v1/completions", json={"model": MODEL, "prompt": f"Fact {n}:", "max_tokens": 6,
+                                                   "temperature": 0}).json() for n in range(3)]
+    client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 0})
+    after = scrape(stack)
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("mirror_sd:requests_total") == 3
+    assert delta("mirror_sd:requests_rejected_total") == 1
+    assert delta("mirror_sd:generation_tokens_total") == sum(b["usage"]["completion_tokens"] for b in bodies)
+    for counter in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert delta(f"mirror_sd:spec_decode_{counter}_total") == sum(b["mirror_sd"][counter] for b in bodies)
+    assert delta("mirror_sd:time_to_first_token_seconds_count") == 3
+    assert after["mirror_sd:worker_sessions"] >= 0 and "mirror_sd:worker_utilization" in after
+    telemetry = client.get("/v1/telemetry").json()
+    assert {w["role"] for w in telemetry["workers"]} == {"draft", "verify"}

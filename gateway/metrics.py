@@ -1,0 +1,87 @@
+"""Prometheus metrics of the gateway: collected in a stats object per request, exported here.
+
+Names follow vLLM's (`vllm:` -> `mirror_sd:`), so existing dashboards map over.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from services.protocol import Heartbeat, RoutingTable
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mirror_sd:requests", "Finished requests", ["endpoint", "finish_reason"], registry=r)
+        self.rejected = Counter("mirror_sd:requests_rejected", "Requests refused before reaching a worker",
+                                ["status"], registry=r)
+        self.prompt_tokens = Counter("mirror_sd:prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter("mirror_sd:generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("mirror_sd:time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("mirror_sd:time_per_output_token_seconds", "Time per output token after the first",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.num_drafts = Counter("mirror_sd:spec_decode_num_drafts", "Rounds that verified >= 1 draft token",
+                                  registry=r)
+        self.num_draft_tokens = Counter("mirror_sd:spec_decode_num_draft_tokens", "Draft tokens proposed",
+                                        registry=r)
+        self.num_accepted_tokens = Counter("mirror_sd:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                           registry=r)
+        self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r)
+        self.fleet = FleetCollector()
+        r.register(self.fleet)
+
+    def observe_finished(self, *, endpoint: str, finish_reason: str | None, prompt_tokens: int,
+                         completion_tokens: int, ttft_s: float | None, total_s: float, event) -> None:
+        self.requests.labels(endpoint, finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+            if completion_tokens > 1:
+                self.tpot.observe((total_s - ttft_s) / (completion_tokens - 1))
+        if event is not None:
+            self.num_drafts.inc(event.num_drafts)
+            self.num_draft_tokens.inc(event.num_draft_tokens)
+            self.num_accepted_tokens.inc(event.num_accepted_tokens)
+
+
+class FleetCollector:
+    """Worker readings and routing weights as of the last scrape (filled by the /metrics route)."""
+
+    def __init__(self) -> None:
+        self.beats: list[Heartbeat] = []
+        self.table: RoutingTable | None = None
+
+    def collect(self):
+        readings = {
+            "temperature_celsius": ("Worker device temperature", lambda b: b.temperature_c),
+            "utilization": ("Worker device utilization 0..1", lambda b: b.utilization),
+            "queue_depth": ("Blocks waiting in the worker's pool queue", lambda b: b.queue_depth),
+            "sessions": ("Sessions held by the worker", lambda b: b.num_sessions),
+        }
+        for name, (doc, read) in readings.items():
+            family = GaugeMetricFamily(f"mirror_sd:worker_{name}", doc, labels=["worker", "role", "pool"])
+            for beat in self.beats:
+                value = read(beat)
+                if value is not None:
+                    family.add_metric([beat.worker_id, beat.role, beat.pool], float(value))
+            yield family
+        weights = GaugeMetricFamily("mirror_sd:routing_pool_weight", "Share of new sessions per pool",
+                                    labels=["pool"])
+        version = GaugeMetricFamily("mirror_sd:routing_table_version", "Routing table version")
+        if self.table is not None:
+            for pool, weight in self.table.pool_weights.items():
+                weights.add_metric([pool], weight)
+            version.add_metric([], self.table.version)
+        yield weights
+        yield version
