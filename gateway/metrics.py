@@ -79,9 +79,14 @@ class FleetCollector:
         weights = GaugeMetricFamily("mirror_sd:routing_pool_weight", "Share of new sessions per pool",
                                     labels=["pool"])
         version = GaugeMetricFamily("mirror_sd:routing_table_version", "Routing table version")
+        alerts = GaugeMetricFamily("mirror_sd:rejection_alert", "1 while a worker's rejection rate is over the line",
+                                   labels=["worker"])
         if self.table is not None:
             for pool, weight in self.table.pool_weights.items():
                 weights.add_metric([pool], weight)
             version.add_metric([], self.table.version)
+            for worker in self.table.alerts:
+                alerts.add_metric([worker], 1.0)
         yield weights
         yield version
+        yield alerts

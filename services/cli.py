@@ -357,6 +357,29 @@ def telemetry_inject(
                + ", ".join(f"{k}={v}" for k, v in override.items() if v is not None and k != "expires_at"))
 
 
+@telemetry_app.command("drill")
+def telemetry_drill(
+    worker: Annotated[str, typer.Option(help="an accelerator-pool verify worker")],
+    temperature: Annotated[float, typer.Option()] = 90.0,
+    url: Annotated[str, typer.Option(help="gateway")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
+) -> None:
+    """Inject a temperature, then time the routing change and the first request that follows it."""
+    from services.config import get_settings
+    from services.redis_client import connect
+    from telemetry.drill import run_drill
+
+    settings = get_settings()
+    try:
+        result = run_drill(connect(settings.redis_url), worker=worker, temperature=temperature, url=url,
+                           model=settings.gateway.model_name or settings.target, api_key=api_key)
+    except TimeoutError as exc:
+        _fail(str(exc))
+    typer.echo(f"{temperature:.0f} C on {worker}: routing v{result.routing_version} {result.pool_weights} after "
+               f"{result.to_routing_change_s * 1000:.0f} ms; first request on pool {result.first_rerouted_pool!r} "
+               f"{result.to_first_rerouted_request_s * 1000:.0f} ms after the injection")
+
+
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Workers, pools, temperatures, utilization, acceptance and routing weights."""

@@ -92,3 +92,13 @@ def test_killed_worker_leaves_the_routing_table(stack):
     assert seconds < 4.0  # heartbeat TTL 3 s + one telemetry interval
     stack.spawn_verify(cpu_worker)
     wait_table(stack, lambda t: cpu_worker in t.workers, timeout_s=120)
+
+
+def test_drill_reports_time_to_reroute(stack):
+    gpu_worker = next(w for w, pool in stack.verify_pool_of.items() if pool == "gpu")
+    wait_table(stack, lambda t: not t.hot_workers and len(t.workers) == 2, timeout_s=30)
+    time.sleep(0.6)
+    drill = cli(stack, "telemetry", "drill", "--worker", gpu_worker, "--url", stack.base_url)
+    assert drill.returncode == 0, drill.stderr
+    assert "first request on pool 'cpu'" in drill.stdout
+    assert stack.redis.get(f"mirror-sd:probe-override:{gpu_worker}") is None  # the drill cleans up
