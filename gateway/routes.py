@@ -74,6 +74,12 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         state.inflight -= 1
 
 
+def _stats(submitted: Submitted, last) -> dict:
+    spec = submitted.spec
+    return {**sd_stats(last, submitted.request_id), "pool": spec.pool, "route": spec.route,
+            "routing_version": spec.routing_version}
+
+
 def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
              first_token_at: float | None) -> None:
     state.metrics.observe_finished(
@@ -113,7 +119,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     body = build(
         request_id=submitted.request_id, model=state.model.name, text=text.text(),
         finish_reason=last.finish_reason if last else None, prompt_tokens=len(submitted.spec.prompt_ids),
-        completion_tokens=len(text.token_ids), stats=sd_stats(last, submitted.request_id),
+        completion_tokens=len(text.token_ids), stats=_stats(submitted, last),
     )
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
@@ -160,7 +166,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
         if include_usage:
             yield {"data": json.dumps(responses.usage_chunk(
                 request_id=request_id, model=model, chat=chat, prompt_tokens=len(submitted.spec.prompt_ids),
-                completion_tokens=len(text.token_ids), stats=sd_stats(last, request_id)))}
+                completion_tokens=len(text.token_ids), stats=_stats(submitted, last)))}
         yield {"data": "[DONE]"}
     except RequestTimeout as exc:
         yield {"data": json.dumps(error_body(504, str(exc)))}

@@ -40,17 +40,16 @@ def run_drill(client: redis.Redis, *, worker: str, temperature: float, url: str,
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"routing did not react to {temperature} C on {worker} within {timeout_s}s")
             time.sleep(0.01)
-        hot_pool = next((pool for pool, weight in table.pool_weights.items() if weight == 0.0), None)
         with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-            while True:
+            while True:  # until a request is routed by the new table (the gateway caches it briefly)
                 body = http.post("/v1/completions", json={"model": model, "prompt": "Drill:", "max_tokens": 1,
                                                           "temperature": 0}).json()
-                pool = http.get(f"/v1/requests/{body['id']}").json()["pool"]
-                if pool != hot_pool:
+                if body["mirror_sd"]["routing_version"] >= table.version:
                     rerouted = time.monotonic() - started
+                    pool = body["mirror_sd"]["pool"]
                     break
                 if time.monotonic() - started > timeout_s:
-                    raise TimeoutError("requests kept going to the hot pool")
+                    raise TimeoutError("no request was routed by the new table")
         return DrillResult(changed, rerouted, table.version, table.pool_weights, pool)
     finally:
         client.delete(probe_override_key(worker))

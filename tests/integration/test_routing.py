@@ -49,7 +49,9 @@ def pools_used(stack: Stack, count: int) -> list[str]:
         body = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
                           json={"model": "smollm2-135m", "prompt": f"Number {index}:", "max_tokens": 2,
                                 "temperature": 0}).json()
-        pools.append(httpx.get(f"{stack.base_url}/v1/requests/{body['id']}").json()["pool"])
+        pool = httpx.get(f"{stack.base_url}/v1/requests/{body['id']}").json()["pool"]
+        assert body["mirror_sd"]["pool"] == pool
+        pools.append(pool)
     return pools
 
 
