@@ -9,6 +9,7 @@ import threading
 from services.config import Settings
 from services.redis_client import connect
 from services.storage.db import create_db_engine, session_factory
+from telemetry.metrics import serve_metrics
 from telemetry.service import TelemetryService
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ def run_telemetry(settings: Settings) -> None:
         signal.signal(signum, lambda *_: stop.set())
     service = TelemetryService(settings=settings, client=connect(settings.redis_url),
                                db=session_factory(create_db_engine(settings.database_url)))
+    serve_metrics(service.metrics, settings.telemetry.metrics_host, settings.telemetry.metrics_port)
     logger.info("telemetry service: routing table every %.2fs", settings.telemetry.interval_s)
     service.serve(stop)
 

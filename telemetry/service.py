@@ -11,6 +11,7 @@ import redis
 from services.config import Settings
 from services.protocol import HEARTBEAT_PATTERN, ROUTING_TABLE_KEY, Heartbeat, ProtocolError, RoutingTable
 from services.storage import crud
+from telemetry.metrics import TelemetryMetrics
 from telemetry.rules import RuleEvent, evaluate
 
 logger = logging.getLogger(__name__)
@@ -35,10 +36,12 @@ def read_routing_table(client: redis.Redis) -> RoutingTable | None:
 
 
 class TelemetryService:
-    def __init__(self, *, settings: Settings, client: redis.Redis, db=None) -> None:
+    def __init__(self, *, settings: Settings, client: redis.Redis, db=None,
+                 metrics: TelemetryMetrics | None = None) -> None:
         self.settings = settings
         self.client = client
         self.db = db
+        self.metrics = metrics or TelemetryMetrics()
         self.table = read_routing_table(client)
 
     def tick(self, now: float | None = None) -> list[RuleEvent]:
@@ -49,6 +52,7 @@ class TelemetryService:
         else:
             table.version = self.table.version
         self.table = table
+        self.metrics.observe(table, events)
         for event in events:
             logger.info("telemetry event %s worker=%s %s", event.kind, event.worker_id, event.detail)
         self._record(events)

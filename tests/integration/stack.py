@@ -26,6 +26,7 @@ class Stack:
         self.workdir = workdir
         self.pool = pool
         self.port = free_port()
+        self.telemetry_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.redis_url = f"{TEST_REDIS}/{redis_db}"
         self.database_url = f"sqlite:///{workdir / 'mirror-sd.db'}"
@@ -38,6 +39,7 @@ class Stack:
             "MIRROR_SD_WORKER__VERDICT_TIMEOUT_S": "60",
             "MIRROR_SD_GATEWAY__AUTH_DISABLED": "false" if auth else "true",
             "MIRROR_SD_NUM_THREADS": "1",
+            "MIRROR_SD_TELEMETRY__METRICS_PORT": str(self.telemetry_port),
         }
         pools = verify_pools or [pool] * verify_workers
         self.verify_ids = [f"verify-{verify_pool}-{index}" for index, verify_pool in enumerate(pools)]

@@ -82,6 +82,16 @@ def test_thermal_rule_moves_new_sessions_and_brings_them_back(stack):
     used = pools_used(stack, 10)
     assert abs(used.count("gpu") - 10 * cooled.pool_weights["gpu"]) <= 1.5, (used, cooled.pool_weights)
 
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scraped = httpx.get(f"http://127.0.0.1:{stack.telemetry_port}/metrics").text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(scraped) for s in family.samples}
+    assert samples[("mirror_sd:routing_pool_weight", (("pool", "gpu"),))] > 0
+    assert samples[("mirror_sd:routing_table_version", ())] >= cooled.version
+    assert samples[("mirror_sd:telemetry_events_total", (("kind", "thermal_on"),))] >= 1
+    assert samples[("mirror_sd:telemetry_events_total", (("kind", "thermal_off"),))] >= 1
+
     status = cli(stack, "status")
     assert status.returncode == 0 and gpu_worker in status.stdout and "routing v" in status.stdout
 
