@@ -94,6 +94,7 @@ class TelemetrySettings(BaseModel):
     heartbeat_timeout_s: float = Field(3.0, gt=0)
     short_prompt_tokens: int = Field(50, ge=0, description="prompts under this may go to short_prompt_pool")
     short_prompt_pool: str | None = None
+    snapshot_interval_s: float = Field(10.0, ge=0, description="heartbeat history into SQL; 0 = off")
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus /metrics of the service; 0 = off")
 

@@ -42,11 +42,13 @@ class TelemetryService:
         self.client = client
         self.db = db
         self.metrics = metrics or TelemetryMetrics()
+        self._last_snapshot = 0.0
         self.table = read_routing_table(client)
 
     def tick(self, now: float | None = None) -> list[RuleEvent]:
-        table, events = evaluate(read_heartbeats(self.client), self.table, self.settings.telemetry,
-                                 now if now is not None else time.time())
+        now = now if now is not None else time.time()
+        beats = read_heartbeats(self.client)
+        table, events = evaluate(beats, self.table, self.settings.telemetry, now)
         if self.table is None or table.version != self.table.version:
             self.client.set(ROUTING_TABLE_KEY, table.encode())
         else:
@@ -56,7 +58,25 @@ class TelemetryService:
         for event in events:
             logger.info("telemetry event %s worker=%s %s", event.kind, event.worker_id, event.detail)
         self._record(events)
+        interval = self.settings.telemetry.snapshot_interval_s
+        if interval and now - self._last_snapshot >= interval:
+            self._last_snapshot = now
+            self._snapshot(beats, table.version)
         return events
+
+    def _snapshot(self, beats: list[Heartbeat], routing_version: int) -> None:
+        if self.db is None or not beats:
+            return
+        rows = [{"worker_id": b.worker_id, "role": b.role, "pool": b.pool, "device_kind": b.device_kind,
+                 "utilization": b.utilization, "temperature_c": b.temperature_c,
+                 "acceptance_rate": b.acceptance_rate, "latency_p99_ms": b.latency_p99_ms,
+                 "num_sessions": b.num_sessions, "queue_depth": b.queue_depth, "routing_version": routing_version}
+                for b in beats]
+        try:
+            with self.db() as session:
+                crud.record_snapshots(session=session, rows=rows)
+        except Exception:  # history must not stop routing
+            logger.exception("could not record telemetry snapshots")
 
     def _record(self, events: list[RuleEvent]) -> None:
         if self.db is None or not events:

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.storage.tables import ApiKey, Event, Request, utcnow
+from services.storage.tables import ApiKey, Event, Request, TelemetrySnapshot, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -123,4 +123,18 @@ def list_events(*, session: Session, request_id: str | None = None, limit: int =
     query = select(Event).order_by(Event.id.desc()).limit(limit)
     if request_id is not None:
         query = query.where(Event.request_id == request_id)
+    return list(session.scalars(query))
+
+
+def record_snapshots(*, session: Session, rows: list[dict[str, Any]]) -> int:
+    """One row per worker reading (see TelemetrySnapshot's columns)."""
+    session.add_all(TelemetrySnapshot(**row) for row in rows)
+    session.commit()
+    return len(rows)
+
+
+def list_snapshots(*, session: Session, worker_id: str | None = None, limit: int = 100) -> list[TelemetrySnapshot]:
+    query = select(TelemetrySnapshot).order_by(TelemetrySnapshot.id.desc()).limit(limit)
+    if worker_id is not None:
+        query = query.where(TelemetrySnapshot.worker_id == worker_id)
     return list(session.scalars(query))

@@ -63,3 +63,21 @@ class Event(Base):
     request_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class TelemetrySnapshot(Base):
+    __tablename__ = "telemetry_snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    worker_id: Mapped[str] = mapped_column(String(128), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str] = mapped_column(String(32))
+    device_kind: Mapped[str] = mapped_column(String(16))
+    utilization: Mapped[float] = mapped_column(Float)
+    temperature_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    acceptance_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    num_sessions: Mapped[int] = mapped_column(Integer)
+    queue_depth: Mapped[int] = mapped_column(Integer)
+    routing_version: Mapped[int] = mapped_column(Integer)

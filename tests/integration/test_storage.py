@@ -34,7 +34,7 @@ def db(request, tmp_path):
         url = POSTGRES_URL
         engine = create_db_engine(url)
         with engine.begin() as connection:  # a clean slate: this database belongs to the tests
-            for table in ("events", "requests", "api_keys", "alembic_version"):
+            for table in ("telemetry_snapshots", "events", "requests", "api_keys", "alembic_version"):
                 connection.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
         engine.dispose()
     engine = init_db(url)
@@ -44,7 +44,8 @@ def db(request, tmp_path):
 
 def test_migrations_create_the_tables_and_are_idempotent(db):
     engine = db.kw["bind"]
-    assert {"api_keys", "requests", "events", "alembic_version"} <= set(inspect(engine).get_table_names())
+    assert {"api_keys", "requests", "events", "telemetry_snapshots", "alembic_version"} <= set(
+        inspect(engine).get_table_names())
     init_db(engine.url.render_as_string(hide_password=False))  # second run: nothing to do, no error
 
 
@@ -75,3 +76,13 @@ def test_request_lifecycle_and_events(db):
         crud.record_event(session=session, kind="other")
         events = crud.list_events(session=session, request_id="cmpl-1")
         assert [e.kind for e in events] == ["cancelled"] and events[0].detail == {"by": "client"}
+
+
+def test_telemetry_snapshots(db):
+    row = {"worker_id": "w1", "role": "verify", "pool": "gpu", "device_kind": "cuda", "utilization": 0.5,
+           "temperature_c": 90.0, "acceptance_rate": None, "latency_p99_ms": 12.5, "num_sessions": 2,
+           "queue_depth": 0, "routing_version": 3}
+    with db() as session:
+        assert crud.record_snapshots(session=session, rows=[row, {**row, "worker_id": "w2"}]) == 2
+        snapshots = crud.list_snapshots(session=session, worker_id="w1")
+        assert [(s.temperature_c, s.routing_version) for s in snapshots] == [(90.0, 3)]

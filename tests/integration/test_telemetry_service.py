@@ -1,0 +1,50 @@
+"""The telemetry service against real Redis and SQL: heartbeats in, routing table, events and history out."""
+
+import time
+
+import pytest
+import redis
+
+from services.config import Settings
+from services.protocol import ROUTING_TABLE_KEY, Heartbeat, RoutingTable, heartbeat_key
+from services.storage import crud
+from services.storage.db import init_db, session_factory
+from telemetry.service import TelemetryService
+from tests.integration.stack import TEST_REDIS
+
+
+@pytest.fixture
+def service(tmp_path):
+    client = redis.Redis.from_url(f"{TEST_REDIS}/7")
+    client.flushdb()
+    db = session_factory(init_db(f"sqlite:///{tmp_path / 'telemetry.db'}"))
+    settings = Settings(telemetry={"snapshot_interval_s": 1.0})
+    yield TelemetryService(settings=settings, client=client, db=db), client, db
+    client.flushdb()
+
+
+def put(client, worker_id, pool, **fields):
+    beat = Heartbeat(worker_id=worker_id, role="verify", pool=pool, **fields)
+    client.set(heartbeat_key(worker_id), beat.encode(), px=3000)
+
+
+def test_tick_writes_table_events_and_snapshots(service):
+    telemetry, client, db = service
+    put(client, "g", "gpu", device_kind="cuda", temperature_c=91.0)
+    put(client, "c", "cpu")
+    now = time.time()
+    events = telemetry.tick(now)
+    table = RoutingTable.decode(client.get(ROUTING_TABLE_KEY))
+    assert table.version == 1 and table.pool_weights == {"cpu": 1.0, "gpu": 0.0} and table.hot_workers == ["g"]
+    assert {"worker_joined", "thermal_on", "routing_changed"} <= {e.kind for e in events}
+    telemetry.tick(now + 0.5)  # nothing changed: same version, no snapshot yet (interval 1 s)
+    assert RoutingTable.decode(client.get(ROUTING_TABLE_KEY)).version == 1
+    client.delete(heartbeat_key("g"))
+    telemetry.tick(now + 1.2)
+    assert RoutingTable.decode(client.get(ROUTING_TABLE_KEY)).workers == ["c"]
+    with db() as session:
+        kinds = [e.kind for e in crud.list_events(session=session)]
+        snapshots = crud.list_snapshots(session=session)
+    assert "worker_dropped" in kinds and "thermal_on" in kinds
+    assert sorted(s.worker_id for s in snapshots) == ["c", "c", "g"]  # at t and t + 1.2
+    assert next(s for s in snapshots if s.worker_id == "g").temperature_c == 91.0
