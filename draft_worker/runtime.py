@@ -41,10 +41,8 @@ def get_runtime() -> DraftRuntime:
                                    precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size)
     else:
         source = DraftSource(settings.draft, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
-    runtime = DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
-                           worker_id=worker_id)
-    runtime.db = session_factory(create_db_engine(settings.database_url))
-    return runtime
+    return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
+                        worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)))
 
 
 def _utc(timestamp: float | None) -> datetime | None:

@@ -27,8 +27,7 @@ def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, rep
             started = time.perf_counter()
             verification = session.verify(draft, None, greedy, None)
             timings.append(1000 * (time.perf_counter() - started))
-            session._lm.crop(len(prompt) - 1)  # back to the prompt for the next timing
-            del session.token_ids[len(prompt):]
+            session.rollback(len(prompt))  # back to the prompt for the next timing
             assert verification.num_draft_tokens == len(draft)
         profile[f"verify_ms_{num_tokens}"] = round(statistics.median(timings[1:]), 3)
     session.release()

@@ -90,5 +90,11 @@ class TargetSession:
         self.token_ids.append(verification.next_token_id)
         return verification
 
+    def rollback(self, num_committed: int) -> None:
+        """Forget everything committed after the first num_committed tokens (keeps the cache invariant)."""
+        assert 1 <= num_committed <= len(self.token_ids), f"cannot roll back to {num_committed} tokens"
+        self._lm.crop(num_committed - 1)
+        del self.token_ids[num_committed:]
+
     def release(self) -> None:
         self._lm.crop(0)

@@ -182,3 +182,13 @@ def test_generate_reports_timings_and_stats(tiny_target):
     assert 0 < payload["ttft_s"] <= payload["total_s"]
     assert payload["stats"]["acceptance_rate"] == 1.0
     assert payload["tokens_per_s"] > 0
+
+
+def test_rollback_restores_the_cache_invariant(tiny_target):
+    prompt = prompt_for(6)
+    session = TargetSession(tiny_target, prompt)
+    first = session.verify([], None, SamplingParams(), None).next_token_id
+    session.verify([1, 2, 3], None, SamplingParams(), None)
+    session.rollback(len(prompt))
+    assert session.token_ids == prompt and session.num_cached == len(prompt) - 1
+    assert session.verify([], None, SamplingParams(), None).next_token_id == first
