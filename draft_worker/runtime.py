@@ -18,6 +18,7 @@ from services.protocol import SessionSpec
 from services.redis_client import connect, read_events
 from services.storage import crud
 from services.storage.db import create_db_engine, session_factory
+from telemetry.profile import measure_draft_profile
 
 from draft_worker.session_loop import LEASE_TTL_S, DraftRuntime, DraftSession, SessionFailed
 
@@ -32,17 +33,24 @@ def get_runtime() -> DraftRuntime:
     settings = get_settings()
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
+    if settings.draft.startswith("synthetic:"):
+        raise ValueError(f"draft {settings.draft!r}: synthetic drafts run in `mirror-sd bench` only")
     worker_id = settings.worker.worker_id or f"draft-{socket.gethostname()}-{os.getpid()}"
+    vocab_size = 1000  # enough for profiling prompt lookup
     if needs_target_weights(settings.draft):
         from services.models.loading import load_model
 
         target = load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
         source = load_draft_source(settings.draft, target, speculative=settings.speculative,
                                    precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size)
+        vocab_size = target.vocab_size
     else:
         source = DraftSource(settings.draft, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+    profile = measure_draft_profile(source, vocab_size)
+    logger.info("device profile: %s", profile)
     return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
-                        worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)))
+                        worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)),
+                        profile=profile)
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -129,7 +137,7 @@ class DraftHeartbeat(threading.Thread):
         while not self.stop.is_set():
             try:
                 beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
-                                          model=runtime.draft_source.spec)
+                                          model=runtime.draft_source.spec, profile=runtime.profile)
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
             except Exception:

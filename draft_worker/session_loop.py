@@ -41,6 +41,7 @@ class DraftRuntime:
     draft_source: DraftSource
     worker_id: str
     db: object = None  # sessionmaker for SQL records; None = no records
+    profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
     committer: RoundCommitter = field(init=False)
 
     def __post_init__(self) -> None:

@@ -36,6 +36,9 @@ class GatewayMetrics:
                                         registry=r)
         self.num_accepted_tokens = Counter("mirror_sd:spec_decode_num_accepted_tokens", "Draft tokens accepted",
                                            registry=r)
+        self.num_accepted_tokens_per_pos = Counter(
+            "mirror_sd:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the block",
+            ["position"], registry=r)
         self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r)
         self.fleet = FleetCollector()
         r.register(self.fleet)
@@ -53,6 +56,8 @@ class GatewayMetrics:
             self.num_drafts.inc(event.num_drafts)
             self.num_draft_tokens.inc(event.num_draft_tokens)
             self.num_accepted_tokens.inc(event.num_accepted_tokens)
+            for position, accepted in enumerate(event.num_accepted_tokens_per_pos):
+                self.num_accepted_tokens_per_pos.labels(str(position)).inc(accepted)
 
 
 class FleetCollector:

@@ -73,9 +73,12 @@ def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
     accepted = event.num_accepted_tokens if event else 0
     return {
         "request_id": request_id,
+        "num_rounds": event.seq + 1 if event else 0,  # one output event per verified round
         "num_drafts": drafts,
         "num_draft_tokens": draft_tokens,
         "num_accepted_tokens": accepted,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "num_draft_tokens_per_pos": list(event.num_draft_tokens_per_pos) if event else [],
+        "num_accepted_tokens_per_pos": list(event.num_accepted_tokens_per_pos) if event else [],
     }

@@ -112,6 +112,8 @@ def generate(
     from services.models.tokenization import encode_prompt
 
     draft_spec = "none" if mode is Mode.ar else (draft or settings.draft)
+    if draft_spec.startswith("synthetic:"):
+        _fail(f"--draft {draft_spec}: synthetic drafts need reference runs; use them in `mirror-sd bench`")
     try:
         with loading_progress(enabled=not as_json) as progress:
             progress.stage(f"loading target {target or settings.target}")
@@ -158,7 +160,7 @@ def generate(
 @app.command()
 def bench(
     prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON")] = "../shared/data/dev_prompts.jsonl",
-    modes: Annotated[str, typer.Option(help="comma list: ar and sd:<draft>, e.g. ar,sd:ngram,sd:int8")] = "ar,sd:ngram,sd:int8",
+    modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack")] = "ar,sd:ngram,sd:int8",
     target: Annotated[str | None, typer.Option()] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
@@ -167,9 +169,13 @@ def bench(
     repeat: Annotated[int, typer.Option(min=1)] = 1,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 0,
     seed: Annotated[int | None, typer.Option()] = 0,
     threads: Annotated[int | None, typer.Option()] = None,
-    out: Annotated[str, typer.Option(help="folder for results.json and results.md")] = "bench-results",
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="wrap prompts in the target's chat template")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    out: Annotated[str, typer.Option(help="folder for results.json, results.md and the PNG plots")] = "bench-results",
     url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
 ) -> None:
@@ -188,8 +194,9 @@ def bench(
             modes=parse_modes(modes),
             prompts=select_prompts(load_prompts(Path(prompts)), limit=limit, per_group=per_group,
                                    categories=categories.split(",") if categories else None),
-            sampling=SamplingParams(temperature=temperature, seed=seed),
+            sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
             max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key,
+            chat=chat, progress=progress,
             meta={"prompts": prompts, "threads": threads or settings.num_threads},
         )
     except ValueError as exc:
@@ -202,8 +209,14 @@ def bench(
                                   device=settings.device)
     except MirrorSDError as exc:
         _fail(str(exc))
-    outcome = run_bench(config, settings, target_model, Path(out))
+    try:
+        outcome = run_bench(config, settings, target_model, Path(out))
+    except (ValueError, MirrorSDError) as exc:
+        _fail(str(exc))
     typer.echo(outcome.table)
+    typer.echo("wrote " + ", ".join(str(path) for path in outcome.files))
+    for mode, ids in outcome.peer_mismatches.items():
+        typer.echo(f"note: transformers' {mode} differs from ar on {', '.join(ids)}", err=True)
     for mode, ids in outcome.mismatches.items():
         typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
     if outcome.mismatches:

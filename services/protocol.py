@@ -223,6 +223,8 @@ class OutputEvent(Message):
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)  # cumulative, like the counters above
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
 
 

@@ -50,6 +50,24 @@ def build_tiny_llama(
     return LoadedModel(name or f"tiny-llama-{seed}", model, None)
 
 
+def save_tiny_model(directory, *, seed: int, words: list[str]) -> Path:
+    """A tiny Llama plus a word-level tokenizer whose vocabulary is `words`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    loaded = build_tiny_llama(seed, vocab_size=len(words))
+    loaded.model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+WORDS = ["<unk>", "</s>", *[f"w{index}" for index in range(62)]]
+
+
 def perturbed_copy(loaded: LoadedModel, *, scale: float, seed: int) -> LoadedModel:
     """The same model with noise on every weight: a draft that mostly agrees."""
     import copy

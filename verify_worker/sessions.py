@@ -68,6 +68,8 @@ def build_session(target: LoadedModel, spec: SessionSpec, events: list[OutputEve
         session.stats.num_drafts = last.num_drafts
         session.stats.num_draft_tokens = last.num_draft_tokens
         session.stats.num_accepted_tokens = last.num_accepted_tokens
+        session.stats.num_draft_tokens_per_pos = list(last.num_draft_tokens_per_pos)
+        session.stats.num_accepted_tokens_per_pos = list(last.num_accepted_tokens_per_pos)
     return session
 
 

@@ -163,6 +163,8 @@ class VerifyWorker:
             num_drafts=stats.num_drafts,
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_tokens=stats.num_accepted_tokens,
+            num_draft_tokens_per_pos=stats.num_draft_tokens_per_pos,
+            num_accepted_tokens_per_pos=stats.num_accepted_tokens_per_pos,
         )
         verdict = Verdict(
             request_id=block.request_id,

@@ -6,6 +6,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from services.bench.runner import PromptRun
+from services.speculative.bound import alpha_from_mean_accepted, leviathan_speedup
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -19,12 +20,22 @@ class Aggregate:
     num_tokens: int
     total_s: float
     mean_ttft_ms: float
-    acceptance_rate: float
-    mean_acceptance_length: float
+    rounds: int  # target forwards after prefill (0 where the mode does not report them)
+    acceptance_rate: float | None  # None where nothing was drafted (ar) or the mode does not say (hf-*)
+    mean_acceptance_length: float | None  # tokens per drafted round
+    acceptance_rate_per_pos: list[float]
     tokens_per_s: float  # sum of tokens / sum of wall time
     ms_per_token: float
+    draft_ms_per_token: float | None = None  # per proposed draft token (in-process modes)
     speedup_vs_ar: float | None = None
+    cost_ratio: float | None = None  # c: draft time per token / target time per token
+    alpha: float | None = None  # per-token acceptance solved from the measured mean accepted length
+    mean_block_length: float | None = None  # gamma: draft tokens per drafted round
+    leviathan_bound: float | None = None
+    measured_over_bound: float | None = None
+    rouge_l: float | None = None
     num_mismatches: int = 0
+    synthetic: bool = False  # acceptance chosen by a synthetic draft, not earned
 
 
 def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
@@ -33,6 +44,8 @@ def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
         stats.merge(run.result.stats)
     num_tokens = sum(run.result.num_tokens for run in runs)
     total_s = sum(run.result.total_s for run in runs)
+    draft_s = sum(run.result.draft_s for run in runs)
+    rouge = [run.rouge_l for run in runs if run.rouge_l is not None]
     return Aggregate(
         mode=mode,
         scope=scope,
@@ -40,12 +53,31 @@ def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
         num_tokens=num_tokens,
         total_s=total_s,
         mean_ttft_ms=1000 * sum(run.result.ttft_s for run in runs) / max(len(runs), 1),
-        acceptance_rate=stats.acceptance_rate,
-        mean_acceptance_length=stats.mean_acceptance_length,
+        rounds=stats.num_target_calls,
+        acceptance_rate=stats.acceptance_rate if stats.num_drafts else None,
+        mean_acceptance_length=stats.mean_acceptance_length if stats.num_drafts else None,
+        acceptance_rate_per_pos=stats.acceptance_rate_per_pos,
         tokens_per_s=num_tokens / total_s if total_s else 0.0,
         ms_per_token=1000 * total_s / num_tokens if num_tokens else 0.0,
+        draft_ms_per_token=1000 * draft_s / stats.num_draft_tokens if stats.num_draft_tokens and draft_s else None,
+        mean_block_length=stats.num_draft_tokens / stats.num_drafts if stats.num_drafts else None,
+        rouge_l=sum(rouge) / len(rouge) if rouge else None,
         num_mismatches=sum(1 for run in runs if run.matches_ar is False),
+        synthetic="synthetic" in mode,
     )
+
+
+def apply_bound(row: Aggregate, target_ms_per_token: float, draft_ms_per_token: float | None) -> None:
+    """Fill c, alpha, the Leviathan bound and measured/bound for a row that drafted."""
+    gamma = row.mean_block_length
+    if not gamma or row.mean_acceptance_length is None or target_ms_per_token <= 0:
+        return
+    row.cost_ratio = (draft_ms_per_token or 0.0) / target_ms_per_token
+    mean_accepted = min(gamma, row.mean_acceptance_length - 1.0)
+    row.alpha = alpha_from_mean_accepted(mean_accepted, gamma)
+    row.leviathan_bound = leviathan_speedup(row.alpha, gamma, row.cost_ratio)
+    if row.speedup_vs_ar is not None:
+        row.measured_over_bound = row.speedup_vs_ar / row.leviathan_bound
 
 
 def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
@@ -56,31 +88,51 @@ def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
     return grouped
 
 
-def build_report(runs_by_mode: dict[str, list[PromptRun]]) -> list[Aggregate]:
+def build_report(
+    runs_by_mode: dict[str, list[PromptRun]], draft_ms_overrides: dict[str, float] | None = None
+) -> list[Aggregate]:
+    """Rows per mode x scope; speedups and bounds against `ar` in the same scope.
+
+    draft_ms_overrides: draft ms/token for modes that cannot time their drafter
+    in-process (the stack reads it from the draft workers' device profiles).
+    """
+    draft_ms_overrides = draft_ms_overrides or {}
     rows: list[Aggregate] = []
-    ar_rates: dict[str, float] = {}
+    ar_rows: dict[str, Aggregate] = {}
     for mode, runs in runs_by_mode.items():
         for scope, scoped in scopes(runs).items():
             row = aggregate(mode, scope, scoped)
             if mode == "ar":
-                ar_rates[scope] = row.tokens_per_s
+                ar_rows[scope] = row
             rows.append(row)
     for row in rows:
-        if row.scope in ar_rates and ar_rates[row.scope] > 0:
-            row.speedup_vs_ar = row.tokens_per_s / ar_rates[row.scope]
+        ar = ar_rows.get(row.scope)
+        if ar is None or ar.tokens_per_s <= 0:
+            continue
+        row.speedup_vs_ar = row.tokens_per_s / ar.tokens_per_s
+        apply_bound(row, ar.ms_per_token, draft_ms_overrides.get(row.mode, row.draft_ms_per_token))
     return rows
 
 
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
 def to_markdown(rows: list[Aggregate]) -> str:
-    header = "| mode | scope | prompts | tokens | tok/s | ms/token | TTFT ms | acceptance | mean acc. len | speedup vs ar | mismatches |"
-    lines = [header, "|" + "---|" * 11]
+    columns = ["mode", "scope", "prompts", "tokens", "tok/s", "ms/token", "TTFT ms", "rounds", "acceptance",
+               "mean acc. len", "acc. per position", "speedup vs ar", "c", "bound", "measured/bound", "ROUGE-L",
+               "mismatches"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        speedup = f"{row.speedup_vs_ar:.2f}x" if row.speedup_vs_ar is not None else "-"
-        lines.append(
-            f"| {row.mode} | {row.scope} | {row.num_prompts} | {row.num_tokens} | {row.tokens_per_s:.1f} | "
-            f"{row.ms_per_token:.1f} | {row.mean_ttft_ms:.0f} | {row.acceptance_rate:.2f} | "
-            f"{row.mean_acceptance_length:.2f} | {speedup} | {row.num_mismatches} |"
-        )
+        mode = f"{row.mode} (synthetic)" if row.synthetic else row.mode
+        per_pos = " ".join(f"{rate:.2f}" for rate in row.acceptance_rate_per_pos[:8]) or "-"
+        cells = [mode, row.scope, str(row.num_prompts), str(row.num_tokens), f"{row.tokens_per_s:.1f}",
+                 f"{row.ms_per_token:.1f}", f"{row.mean_ttft_ms:.0f}", str(row.rounds or "-"),
+                 _fmt(row.acceptance_rate, ".2f"), _fmt(row.mean_acceptance_length, ".2f"), per_pos,
+                 _fmt(row.speedup_vs_ar, ".2f") + ("x" if row.speedup_vs_ar is not None else ""),
+                 _fmt(row.cost_ratio, ".3f"), _fmt(row.leviathan_bound, ".2f"), _fmt(row.measured_over_bound, ".0%"),
+                 _fmt(row.rouge_l, ".3f"), str(row.num_mismatches)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +147,7 @@ def to_json(rows: list[Aggregate], runs_by_mode: dict[str, list[PromptRun]], met
                 "category": run.prompt.category,
                 "group": run.prompt.group,
                 "matches_ar": run.matches_ar,
+                "rouge_l": run.rouge_l,
                 **{k: v for k, v in run.result.to_dict().items() if k != "text"},
             }
             for runs in runs_by_mode.values()

@@ -1,4 +1,4 @@
-"""A whole bench run: modes over one prompt set, greedy checks, report files."""
+"""A whole bench run: modes over one prompt set, greedy checks, report files and plots."""
 
 from __future__ import annotations
 
@@ -7,26 +7,38 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.bench.peers import hf_generate, parse_peer_mode
+from services.bench.plots import plot_acceptance_per_position, plot_speedup
 from services.bench.prompts import BenchPrompt
 from services.bench.report import build_report, to_json, to_markdown
-from services.bench.runner import PromptRun, check_against_ar, run_mode
+from services.bench.runner import GenerateOne, PromptRun, check_against_ar, run_mode, score_rouge_l
 from services.config import Settings
-from services.engine import GenerationOptions
+from services.engine import GenerationOptions, generate
 from services.models.drafters import load_draft_source
 from services.models.loading import LoadedModel
+from services.models.tokenization import encode_prompt
 from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+MODES_HELP = "ar, sd:<draft>, hf-assisted[:<draft>], hf-lookup[:<n>], stack"
+
 
 def parse_modes(text: str) -> list[str]:
-    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
-    for mode in modes:
-        if mode not in ("ar", "stack") and not mode.startswith("sd:"):
-            raise ValueError(f"unknown mode {mode!r}: use ar, sd:<draft> or stack")
+    """Validate a comma list of modes; `ar` runs first (it is every other mode's reference)."""
+    modes = list(dict.fromkeys(mode.strip() for mode in text.split(",") if mode.strip()))
     if not modes:
         raise ValueError("no modes given")
-    return modes
+    for mode in modes:
+        if mode in ("ar", "stack") or (mode.startswith("sd:") and len(mode) > 3):
+            continue
+        if mode.startswith(("hf-assisted", "hf-lookup")):
+            parse_peer_mode(mode)
+            continue
+        raise ValueError(f"unknown mode {mode!r}: use {MODES_HELP}")
+    if any(mode.startswith("sd:synthetic:") for mode in modes) and "ar" not in modes:
+        raise ValueError("synthetic drafts replay the target's greedy output: add the ar mode to the same run")
+    return sorted(modes, key=lambda mode: mode != "ar")
 
 
 @dataclass
@@ -39,56 +51,91 @@ class BenchConfig:
     warmup: int = 1
     url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
+    chat: bool = True
+    progress: bool = True
     meta: dict = field(default_factory=dict)
 
 
 @dataclass
 class BenchOutcome:
     table: str
-    mismatches: dict[str, list[str]]
+    mismatches: dict[str, list[str]]  # our modes' greedy mismatches: a failure
+    peer_mismatches: dict[str, list[str]]  # transformers' own: reported, not ours to fail on
+    files: list[Path]
 
 
 def _run_stack(config: BenchConfig, settings: Settings) -> tuple[list[PromptRun], dict]:
-    from services.bench.stack_client import percentile, run_stack, transport_samples
+    from services.bench.stack_client import fleet_draft_ms_per_token, percentile, run_stack, transport_samples
     from services.protocol import TRANSPORT_SAMPLES_MAX
 
     before = len(transport_samples(settings.redis_url))
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens)
     runs = run_stack(config.url, config.api_key, settings.target, config.prompts, options,
-                     repeat=config.repeat, warmup=config.warmup)
+                     repeat=config.repeat, warmup=config.warmup, progress=config.progress)
     samples = transport_samples(settings.redis_url)
     fresh = samples[: max(0, len(samples) - before)] if before < TRANSPORT_SAMPLES_MAX else samples
-    return runs, {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99)}
+    return runs, {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99),
+                  "draft_ms_per_token": fleet_draft_ms_per_token(settings.redis_url)}
+
+
+def _generator_for(mode: str, target: LoadedModel, settings: Settings,
+                   ar_runs: list[PromptRun], encoded: dict[str, list[int]]) -> GenerateOne:
+    if mode.startswith("hf-"):
+        peer = parse_peer_mode(mode)
+        assistant = None
+        if peer.draft is not None:
+            assistant = load_draft_source(peer.draft, target, speculative=settings.speculative).model
+            if assistant is None:
+                raise ValueError(f"mode {mode!r}: hf-assisted needs a model draft, not {peer.draft!r}")
+        return lambda prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)
+    source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
+                               speculative=settings.speculative)
+    if source.references is not None:  # synthetic: replay ar's greedy output
+        for run in ar_runs:
+            source.references.add(encoded[run.prompt.id], run.result.token_ids)
+    return lambda prompt_ids, options: generate(target, source, prompt_ids, options)
 
 
 def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_dir: Path) -> BenchOutcome:
+    encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
+    options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
+                                speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
     runs_by_mode: dict[str, list[PromptRun]] = {}
     transport: dict = {}
     for mode in config.modes:
         if mode == "stack":
             runs_by_mode[mode], transport = _run_stack(config, settings)
             continue
-        source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
-                                   speculative=settings.speculative)
-        options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
-                                    speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
-        runs_by_mode[mode] = run_mode(mode, target, source, config.prompts, options, repeat=config.repeat,
-                                      warmup=config.warmup)
-    mismatches = {}
-    if config.sampling.greedy and "ar" in runs_by_mode:
-        mismatches = {mode: check_against_ar(runs, runs_by_mode["ar"])
-                      for mode, runs in runs_by_mode.items() if mode != "ar"}
-    rows = build_report(runs_by_mode)
+        generate_one = _generator_for(mode, target, settings, runs_by_mode.get("ar", []), encoded)
+        runs_by_mode[mode] = run_mode(mode, generate_one, config.prompts, [encoded[p.id] for p in config.prompts],
+                                      options, repeat=config.repeat, warmup=config.warmup,
+                                      progress=config.progress)
+    mismatches: dict[str, list[str]] = {}
+    if "ar" in runs_by_mode:
+        for mode, runs in runs_by_mode.items():
+            if mode == "ar":
+                continue
+            score_rouge_l(runs, runs_by_mode["ar"])
+            if config.sampling.greedy:
+                mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
+    overrides = {"stack": transport["draft_ms_per_token"]} if transport.get("draft_ms_per_token") is not None else {}
+    rows = build_report(runs_by_mode, overrides)
     meta = {**config.meta, "modes": config.modes, "num_prompts": len(config.prompts), "target": target.name,
-            "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature}
+            "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
+            "seed": config.sampling.seed, "repeat": config.repeat}
     if transport:
         meta["transport_overhead"] = transport
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(to_json(rows, runs_by_mode, meta), indent=1))
-    ordered = sorted(rows, key=lambda row: row.scope.startswith("category:"))
+    ordered = sorted(rows, key=lambda row: (row.scope.startswith("category:"), row.scope != "all"))
     table = to_markdown(ordered)
-    if transport:
+    if transport and transport["p50_ms"] is not None:
         table += (f"\nstack transport overhead per round (round trip minus verify time): p50 "
                   f"{transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds\n")
     (out_dir / "results.md").write_text(table)
-    return BenchOutcome(table, {mode: ids for mode, ids in mismatches.items() if ids})
+    files = [out_dir / "results.json", out_dir / "results.md"]
+    files += [path for path in (plot_speedup(rows, out_dir / "speedup_per_category.png"),
+                                plot_acceptance_per_position(rows, out_dir / "acceptance_per_position.png")) if path]
+    ours = {mode: ids for mode, ids in mismatches.items() if ids and not mode.startswith("hf-")}
+    peers = {mode: ids for mode, ids in mismatches.items() if ids and mode.startswith("hf-")}
+    return BenchOutcome(table, ours, peers, files)

@@ -1,49 +1,47 @@
-"""Run prompts through `ar` and `sd` modes in-process and collect per-prompt results."""
+"""Run prompts through one mode and collect per-prompt results; greedy checks against `ar`."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
 from services.bench.prompts import BenchPrompt
-from services.engine import GenerationOptions, GenerationResult, generate
-from services.models.drafters import DraftSource
-from services.models.loading import LoadedModel
-from services.models.tokenization import encode_prompt
+from services.engine import GenerationOptions, GenerationResult
 
 logger = logging.getLogger(__name__)
+
+GenerateOne = Callable[[Sequence[int], GenerationOptions], GenerationResult]
 
 
 @dataclass
 class PromptRun:
-    mode: str  # "ar" or "sd:<draft>"
+    mode: str  # "ar", "sd:<draft>", "hf-assisted:<draft>", "hf-lookup:<n>", "stack"
     prompt: BenchPrompt
     result: GenerationResult
     matches_ar: bool | None = None  # greedy equality with the ar run; None when not checked
+    rouge_l: float | None = None  # ROUGE-L F1 of the text against the ar run's
 
 
 def run_mode(
     mode: str,
-    target: LoadedModel,
-    draft_source: DraftSource,
+    generate_one: GenerateOne,
     prompts: list[BenchPrompt],
+    encoded: list[list[int]],
     options: GenerationOptions,
     *,
-    chat: bool = True,
     repeat: int = 1,
     warmup: int = 1,
     progress: bool = True,
 ) -> list[PromptRun]:
-    encoded = [encode_prompt(target.tokenizer, p.prompt, chat=chat) for p in prompts]
     for prompt_ids in encoded[:warmup]:
-        generate(target, draft_source, prompt_ids, replace(options, max_new_tokens=8))
+        generate_one(prompt_ids, replace(options, max_new_tokens=8))
     runs: list[PromptRun] = []
     for prompt, prompt_ids in tqdm(list(zip(prompts, encoded)), desc=mode, disable=not progress, leave=False):
         for _ in range(repeat):
-            result = generate(target, draft_source, prompt_ids, options)
-            runs.append(PromptRun(mode, prompt, result))
+            runs.append(PromptRun(mode, prompt, generate_one(prompt_ids, options)))
     return runs
 
 
@@ -56,3 +54,14 @@ def check_against_ar(runs: list[PromptRun], ar_runs: list[PromptRun]) -> list[st
         if not run.matches_ar:
             mismatched.append(run.prompt.id)
     return mismatched
+
+
+def score_rouge_l(runs: list[PromptRun], ar_runs: list[PromptRun]) -> None:
+    """ROUGE-L F1 of each run's text against ar's (1.0 when greedy runs agree; meaningful when sampling)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    reference = {run.prompt.id: run.result.text for run in ar_runs}
+    for run in runs:
+        if run.prompt.id in reference:
+            run.rouge_l = scorer.score(reference[run.prompt.id], run.result.text)["rougeL"].fmeasure

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 
 import httpx
 from tqdm import tqdm
@@ -22,6 +23,9 @@ def _stats(payload: dict) -> SpecDecodingStats:
     stats.num_drafts = payload.get("num_drafts", 0)
     stats.num_draft_tokens = payload.get("num_draft_tokens", 0)
     stats.num_accepted_tokens = payload.get("num_accepted_tokens", 0)
+    stats.num_target_calls = payload.get("num_rounds", 0)
+    stats.num_draft_tokens_per_pos = list(payload.get("num_draft_tokens_per_pos", []))
+    stats.num_accepted_tokens_per_pos = list(payload.get("num_accepted_tokens_per_pos", []))
     return stats
 
 
@@ -69,8 +73,6 @@ def run_stack(url: str, api_key: str | None, model: str, prompts: list[BenchProm
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     runs: list[PromptRun] = []
     with httpx.Client(base_url=url, headers=headers, timeout=600) as client:
-        from dataclasses import replace
-
         for prompt in prompts[:warmup]:
             run_one(client, model, prompt, replace(options, max_new_tokens=8))
         for prompt in tqdm(prompts, desc="stack", disable=not progress, leave=False):
@@ -92,3 +94,21 @@ def transport_samples(redis_url: str) -> list[float]:
 def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
+def fleet_draft_ms_per_token(redis_url: str) -> float | None:
+    """Mean draft ms/token over the live draft workers' start-up profiles (None if none reports one)."""
+    import redis
+
+    from services import protocol
+
+    client = redis.Redis.from_url(redis_url)
+    values = []
+    for key in client.scan_iter(match=protocol.heartbeat_key("*")):
+        raw = client.get(key)
+        if raw is None:
+            continue
+        beat = protocol.Heartbeat.decode(raw)
+        if beat.role == "draft" and "draft_ms_per_token" in beat.profile:
+            values.append(float(beat.profile["draft_ms_per_token"]))
+    return sum(values) / len(values) if values else None

@@ -26,6 +26,8 @@ class GenerationResult:
     draft: str  # "none" for target-only decoding
     ttft_s: float  # prefill + first round
     total_s: float
+    draft_s: float = 0.0  # time spent drafting
+    verify_s: float = 0.0  # time spent in target forwards
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +48,8 @@ class GenerationResult:
             "draft": self.draft,
             "ttft_s": self.ttft_s,
             "total_s": self.total_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
             "tokens_per_s": self.tokens_per_s,
             "stats": self.stats.to_dict(),
         }
@@ -76,4 +80,6 @@ def generate(
         draft=draft_source.spec,
         ttft_s=ttft_s,
         total_s=time.perf_counter() - started,
+        draft_s=session.draft_s,
+        verify_s=session.verify_s,
     )

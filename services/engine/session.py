@@ -8,6 +8,7 @@ verify side) from their own loops.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from services.engine.options import GenerationOptions
@@ -44,6 +45,8 @@ class GenerationSession:
         )
         self.controller = BlockLengthController(options.speculative, options.num_draft_tokens)
         self.stats = SpecDecodingStats()
+        self.draft_s = 0.0  # wall time in drafter.propose
+        self.verify_s = 0.0  # wall time in the target's verify (prefill included)
         self.prompt_ids = list(prompt_ids)
         self._target_generator = self.sampling.make_generator(offset=0, device=target.device)
         self._draft_generator = self.sampling.make_generator(offset=1, device=target.device)
@@ -72,13 +75,17 @@ class GenerationSession:
         assert not self.finished, "session already finished"
         num_draft_tokens = self._block_length()
         proposal = _NO_DRAFT
+        started = time.perf_counter()
         if num_draft_tokens > 0:
             proposal = self.drafter.propose(
                 self.target_session.token_ids, num_draft_tokens, self.sampling, self._draft_generator
             )
+        drafted = time.perf_counter()
         verification = self.target_session.verify(
             proposal.token_ids, proposal.probs, self.sampling, self._target_generator
         )
+        self.draft_s += drafted - started
+        self.verify_s += time.perf_counter() - drafted
         self.stats.observe(verification.num_draft_tokens, verification.num_accepted)
         self.controller.update(verification.num_draft_tokens, verification.num_accepted)
         committed = [*proposal.token_ids[: verification.num_accepted], verification.next_token_id]

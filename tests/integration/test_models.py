@@ -10,25 +10,7 @@ from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatc
 from services.models.drafters import load_draft_source
 from services.models.loading import check_same_tokenizer, load_model
 from services.models.precision import Fp32Norm, apply_precision
-from tests.conftest import build_tiny_llama
-
-
-def save_tiny_model(directory, *, seed: int, words: list[str]):
-    """A tiny Llama plus a word-level tokenizer whose vocabulary is `words`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {word: index for index, word in enumerate(words)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
-    loaded = build_tiny_llama(seed, vocab_size=len(words))
-    loaded.model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-WORDS = ["<unk>", "</s>", *[f"w{index}" for index in range(62)]]
+from tests.conftest import WORDS, build_tiny_llama, save_tiny_model
 
 
 @pytest.fixture(scope="module")

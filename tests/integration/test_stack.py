@@ -290,6 +290,9 @@ def test_metrics_parse_and_match_the_requests_sent(stack, client):
     assert delta("mirror_sd:generation_tokens_total") == sum(b["usage"]["completion_tokens"] for b in bodies)
     for counter in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         assert delta(f"mirror_sd:spec_decode_{counter}_total") == sum(b["mirror_sd"][counter] for b in bodies)
+    per_pos = [b["mirror_sd"]["num_accepted_tokens_per_pos"] for b in bodies]
+    assert all(sum(p) == b["mirror_sd"]["num_accepted_tokens"] for p, b in zip(per_pos, bodies))
+    assert delta("mirror_sd:spec_decode_num_accepted_tokens_per_pos_total") == sum(map(sum, per_pos))
     assert delta("mirror_sd:time_to_first_token_seconds_count") == 3
     assert after["mirror_sd:worker_sessions"] >= 0 and "mirror_sd:worker_utilization" in after
     telemetry = client.get("/v1/telemetry").json()

@@ -6,7 +6,7 @@ import pytest
 
 from services.bench.prompts import BenchPrompt, load_prompts, select_prompts
 from services.bench.report import build_report, to_markdown
-from services.bench.runner import PromptRun, check_against_ar
+from services.bench.runner import PromptRun, check_against_ar, score_rouge_l
 from services.engine.generate import GenerationResult
 from services.speculative.stats import SpecDecodingStats
 
@@ -52,6 +52,8 @@ def test_report_speedup_and_mismatch():
     assert rows[("sd:x", "all")].speedup_vs_ar == pytest.approx((6 / 1.5) / (6 / 3.0))
     assert rows[("sd:x", "group:open")].speedup_vs_ar == pytest.approx(2.0)
     assert rows[("sd:x", "all")].acceptance_rate == pytest.approx(3 / 6)
+    assert rows[("sd:x", "all")].acceptance_rate_per_pos == pytest.approx([0.5, 0.5, 1.0, 0.0])
+    assert rows[("ar", "all")].acceptance_rate is None  # nothing drafted: no rate, not 0
     assert rows[("sd:x", "all")].num_mismatches == 1
     assert "| sd:x | all | 2 | 6 |" in to_markdown(list(rows.values()))
 
@@ -60,7 +62,61 @@ def test_parse_modes():
     from services.bench.run import parse_modes
 
     assert parse_modes("ar, sd:ngram,stack") == ["ar", "sd:ngram", "stack"]
+    assert parse_modes("hf-lookup:5,sd:synthetic:0.7,ar") == ["ar", "hf-lookup:5", "sd:synthetic:0.7"]
+    assert parse_modes("hf-assisted,hf-lookup") == ["hf-assisted", "hf-lookup"]
+    with pytest.raises(ValueError, match="add the ar mode"):
+        parse_modes("sd:synthetic:0.5")
+    with pytest.raises(ValueError, match="'x' is not a token count"):
+        parse_modes("ar,hf-lookup:x")
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         parse_modes("ar,fast")
     with pytest.raises(ValueError, match="no modes"):
         parse_modes(" , ")
+
+
+def test_peer_modes_default_to_the_documented_settings():
+    from services.bench.peers import parse_peer_mode
+
+    assert parse_peer_mode("hf-assisted").draft == "bf16"
+    assert parse_peer_mode("hf-assisted:int8").draft == "int8"
+    assert parse_peer_mode("hf-lookup").lookup_tokens == 10
+    with pytest.raises(ValueError, match=">= 1"):
+        parse_peer_mode("hf-lookup:0")
+
+
+def test_bound_and_cost_ratio_in_the_report():
+    from services.speculative.bound import leviathan_speedup
+
+    ar = [fake_run("ar", "1", 0, list(range(8)), 8.0)]
+    sd = [fake_run("sd:x", "1", 0, list(range(8)), 4.0, 4, 2)]
+    sd[0].result.draft_s = 0.4  # 4 draft tokens: 100 ms each; ar: 1000 ms per token -> c = 0.1
+    row = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd})}[("sd:x", "all")]
+    assert row.cost_ratio == pytest.approx(0.1)
+    assert row.mean_block_length == 4
+    # alpha solves alpha + ... + alpha^4 = 2 accepted per round; the bound then yields 3 tokens per round
+    assert row.leviathan_bound == pytest.approx(3 / (4 * 0.1 + 1))
+    assert row.leviathan_bound == pytest.approx(leviathan_speedup(row.alpha, 4, 0.1))
+    assert row.measured_over_bound == pytest.approx(2.0 / row.leviathan_bound)
+    overridden = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd}, {"sd:x": 0.0})}
+    assert overridden[("sd:x", "all")].cost_ratio == 0.0
+
+
+def test_rouge_l_against_ar():
+    ar = [fake_run("ar", "1", 0, [1], 1.0)]
+    ar[0].result.text = "the cat sat on the mat"
+    same, other = fake_run("sd:x", "1", 0, [1], 1.0), fake_run("sd:y", "1", 0, [1], 1.0)
+    same.result.text, other.result.text = "the cat sat on the mat", "a dog ran"
+    score_rouge_l([same, other], ar)
+    assert same.rouge_l == pytest.approx(1.0)
+    assert other.rouge_l == pytest.approx(0.0)
+
+
+def test_plots_are_png_files(tmp_path):
+    from services.bench.plots import plot_acceptance_per_position, plot_speedup
+
+    ar = [fake_run("ar", "1", 0, [1, 2], 2.0), fake_run("ar", "2", 5, [1, 2], 2.0)]
+    sd = [fake_run("sd:x", "1", 0, [1, 2], 1.0, 2, 1), fake_run("sd:x", "2", 5, [1, 2], 1.0, 3, 3)]
+    rows = build_report({"ar": ar, "sd:x": sd})
+    for path in (plot_speedup(rows, tmp_path / "s.png"), plot_acceptance_per_position(rows, tmp_path / "a.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_speedup(build_report({"ar": ar}), tmp_path / "none.png") is None

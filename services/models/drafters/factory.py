@@ -2,7 +2,8 @@
 
 Specs: `ngram` (prompt lookup, no model); `int8`, `bf16`, `fp16` (a
 reduced-precision copy of the target, the self-draft; `self:fp32` for an
-exact copy); `none` (target-only); anything else is a model spec for
+exact copy); `none` (target-only); `synthetic:<a>` (benchmarks only: the target's
+greedy token with probability a, from reference runs); anything else is a model spec for
 `load_model` (built-in alias, directory, GGUF file, cached HF id) that must
 share the target's tokenizer.
 """
@@ -16,6 +17,12 @@ from services.config import SpeculativeSettings
 from services.models.drafters.base import Drafter
 from services.models.drafters.model import ModelDrafter
 from services.models.drafters.ngram import NgramDrafter
+from services.models.drafters.synthetic import (
+    SYNTHETIC_PREFIX,
+    ReferenceBook,
+    SyntheticDrafter,
+    parse_synthetic_acceptance,
+)
 from services.models.loading import LoadedModel, check_same_tokenizer, load_model
 from services.models.precision import PRECISIONS
 
@@ -26,7 +33,7 @@ SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
 
 def needs_target_weights(spec: str) -> bool:
     """Whether building this draft needs the target loaded (self-drafts, tokenizer checks)."""
-    return spec not in ("none", "ngram")
+    return spec not in ("none", "ngram") and not spec.startswith(SYNTHETIC_PREFIX)
 
 
 @dataclass
@@ -38,6 +45,8 @@ class DraftSource:
     ngram_max: int = 4
     ngram_min: int = 2
     chunk_size: int = 512
+    references: ReferenceBook | None = None  # synthetic drafts only
+    vocab_size: int = 0
 
     @property
     def is_none(self) -> bool:
@@ -46,6 +55,9 @@ class DraftSource:
     def new_drafter(self) -> Drafter | None:
         if self.is_none:
             return None
+        if self.references is not None:
+            return SyntheticDrafter(parse_synthetic_acceptance(self.spec), self.references,
+                                    vocab_size=self.vocab_size)
         if self.model is None:
             return NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
         return ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
@@ -63,6 +75,9 @@ def load_draft_source(
     common = {"ngram_max": speculative.ngram_max, "ngram_min": speculative.ngram_min, "chunk_size": chunk_size}
     if spec in ("none", "ngram"):
         return DraftSource(spec, None, **common)
+    if spec.startswith(SYNTHETIC_PREFIX):
+        parse_synthetic_acceptance(spec)
+        return DraftSource(spec, None, references=ReferenceBook(), vocab_size=target.vocab_size, **common)
     self_precision = spec if spec in SELF_DRAFT_SHORTHANDS else None
     if spec.startswith("self:"):
         self_precision = spec.split(":", 1)[1]
