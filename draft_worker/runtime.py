@@ -99,11 +99,13 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
             _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
             raise
         result = summary.to_dict()
-        if summary.transport_ms:
-            with client.pipeline() as pipe:
+        with client.pipeline() as pipe:  # for the bench: off the per-round path
+            if summary.transport_ms:
                 pipe.lpush(protocol.TRANSPORT_SAMPLES_KEY, *(f"{ms:.4f}" for ms in summary.transport_ms))
                 pipe.ltrim(protocol.TRANSPORT_SAMPLES_KEY, 0, protocol.TRANSPORT_SAMPLES_MAX - 1)
-                pipe.execute()
+            for name, value in summary.timing.as_fields().items():
+                pipe.hincrbyfloat(protocol.DRAFT_TIMING_KEY, name, value)
+            pipe.execute()
         _record(
             runtime,
             request_id,

@@ -1,7 +1,8 @@
 """One session, driven from the draft side: draft a block, send it, apply the verdict, adapt gamma.
 
 Hot path per round: one RPUSH of the block, one BLPOP of the verdict
-(msgpack over Redis lists). A session resumes from its output stream, so a
+(msgpack over Redis lists). Between the two, the next block is drafted on
+the assumption that this one is accepted whole (draft_worker/pipeline.py). A session resumes from its output stream, so a
 redelivered task (dead draft worker) continues where the last one stopped.
 """
 
@@ -16,6 +17,14 @@ import redis
 
 from services import protocol
 from services.config import Settings
+from draft_worker.pipeline import (
+    DraftTiming,
+    Speculation,
+    block_length_after_full_acceptance,
+    hidden_seconds,
+    speculate,
+    speculation_holds,
+)
 from services.models.drafters import DraftSource
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.redis_client import RoundCommitter
@@ -58,6 +67,7 @@ class SessionSummary:
     transport_ms: list[float]
     first_token_at: float | None
     resumed_from_round: int
+    timing: DraftTiming = field(default_factory=DraftTiming)
 
     def to_dict(self) -> dict:
         ordered = sorted(self.transport_ms)
@@ -74,8 +84,16 @@ class SessionSummary:
             "transport_ms_p50": pct(0.5),
             "transport_ms_p99": pct(0.99),
             "first_token_at": self.first_token_at,
+            **self.timing.as_fields(),
             **{k: v for k, v in self.stats.to_dict().items() if not k.endswith("_per_pos")},
         }
+
+
+@dataclass
+class _Sent:
+    worker: str | None  # the sticky worker it went to; None = the pool
+    payload: bytes
+    at: float  # perf_counter
 
 
 class DraftSession:
@@ -98,6 +116,9 @@ class DraftSession:
         self.transport_ms: list[float] = []
         self.first_token_at: float | None = None
         self.reply_to = protocol.verdict_queue(self.request_id)
+        self.pipelined = runtime.settings.worker.pipelined_drafting and self.drafter is not None
+        self.timing = DraftTiming()
+        self._prepared: DraftBlock | None = None  # block k+1, drafted while block k was verified
 
     # --- the loop -------------------------------------------------------------------------------
     def run(self, report: Callable[[dict], None] | None = None) -> SessionSummary:
@@ -122,7 +143,7 @@ class DraftSession:
             if self.drafter is not None:
                 self.drafter.release()
         return SessionSummary(self.request_id, finish_reason, self.num_output, self.round, self.stats,
-                              self.transport_ms, self.first_token_at, self.resumed_from_round)
+                              self.transport_ms, self.first_token_at, self.resumed_from_round, self.timing)
 
     def _block_length(self) -> int:
         if self.drafter is None:
@@ -131,25 +152,47 @@ class DraftSession:
         cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining
         return max(0, min(self.controller.num_draft_tokens, remaining - 1, cap))
 
-    def _round(self) -> Verdict:
-        num_draft_tokens = self._block_length()
-        draft_ids, draft_probs, vocab_size = [], None, 0
-        if num_draft_tokens > 0:
-            proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self.generator)
-            draft_ids = proposal.token_ids
-            if proposal.probs is not None:
-                vocab_size = int(proposal.probs.shape[-1])
-                draft_probs = protocol.encode_probs(proposal.probs)
-        block = DraftBlock(
+    def _make_block(self, draft_ids: list[int], probs) -> DraftBlock:
+        return DraftBlock(
             request_id=self.request_id,
             round=self.round,
             num_committed=len(self.committed),
             draft_ids=draft_ids,
-            draft_probs=draft_probs,
-            vocab_size=vocab_size,
+            draft_probs=protocol.encode_probs(probs) if probs is not None else None,
+            vocab_size=int(probs.shape[-1]) if probs is not None else 0,
             reply_to=self.reply_to,
         )
-        verdict, round_trip_s = self._exchange(block)
+
+    def _draft_block(self) -> DraftBlock:
+        num_draft_tokens = self._block_length()
+        if num_draft_tokens <= 0:
+            return self._make_block([], None)
+        started = time.perf_counter()
+        proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self.generator)
+        self.timing.draft_s += time.perf_counter() - started
+        return self._make_block(proposal.token_ids, proposal.probs)
+
+    def _speculate(self, block: DraftBlock) -> Speculation | None:
+        """Draft block k+1 while block k is being verified (assuming k is accepted whole)."""
+        if not self.pipelined or not block.draft_ids:
+            return None
+        num_sent = len(block.draft_ids)
+        remaining_after = self.spec.max_new_tokens - self.num_output - num_sent - 1
+        cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining_after
+        next_length = min(block_length_after_full_acceptance(self.controller, num_sent), remaining_after - 1, cap)
+        speculation = speculate(self.drafter, self.committed, block.draft_ids, next_length, self.sampling,
+                                self.generator)
+        if speculation is not None:
+            self.timing.speculations += 1
+            self.timing.speculation_s += speculation.elapsed_s
+        return speculation
+
+    def _round(self) -> Verdict:
+        block, self._prepared = self._prepared or self._draft_block(), None
+        sent_at = time.time()
+        sent = self._send(block)
+        speculation = self._speculate(block)  # runs while the verify worker checks `block`
+        verdict, round_trip_s = self._await_verdict(block, sent)
         self.transport_ms.append(
             1000 * max(0.0, round_trip_s - (verdict.verify_finished_at - verdict.verify_started_at))
         )
@@ -161,32 +204,44 @@ class DraftSession:
         self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
         self.sticky_worker = verdict.worker_id or None
         self.round += 1
+        if speculation is not None and speculation_holds(speculation, len(block.draft_ids), verdict):
+            length = self._block_length()
+            if length > 0:
+                probs = speculation.draft_probs[:length] if speculation.draft_probs is not None else None
+                self._prepared = self._make_block(speculation.draft_ids[:length], probs)
+                self.timing.speculation_hits += 1
+                self.timing.hidden_s += hidden_seconds(speculation, sent_at, verdict.verify_finished_at)
         return verdict
 
-    def _exchange(self, block: DraftBlock) -> tuple[Verdict, float]:
-        """Send the block (sticky worker first) and wait for its verdict, failing over to the pool
-        when the worker holding the session stops sending heartbeats."""
-        # No liveness check per round: a dead sticky worker shows up as a wait
-        # without a verdict, and the block then goes to the pool.
+    def _send(self, block: DraftBlock) -> "_Sent":
+        """RPUSH the block to the sticky worker (the pool when none is known yet)."""
         worker = self.sticky_worker
         queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(self.spec.pool)
         payload = block.encode()
-        sent = time.perf_counter()
+        sent = _Sent(worker, payload, time.perf_counter())
         self.client.rpush(queue, payload)
+        return sent
+
+    def _await_verdict(self, block: DraftBlock, sent: "_Sent") -> tuple[Verdict, float]:
+        """Wait for the block's verdict, failing over to the pool when the worker holding the
+        session stops sending heartbeats; returns the verdict and the round trip in seconds."""
+        # No liveness check per round: a dead sticky worker shows up as a wait
+        # without a verdict, and the block then goes to the pool.
+        worker = sent.worker
         deadline = time.monotonic() + self.runtime.settings.worker.verdict_timeout_s
         while time.monotonic() < deadline:
             item = self.client.blpop([self.reply_to], timeout=0.5)
             if item is not None:
                 verdict = Verdict.decode(item[1])
                 if verdict.round == block.round:
-                    return verdict, time.perf_counter() - sent
+                    return verdict, time.perf_counter() - sent.at
                 logger.debug("request %s: stale verdict for round %d dropped", self.request_id, verdict.round)
                 continue
             if worker is not None and not self._alive(worker):
                 logger.warning("request %s: verify worker %s is gone; resending round %d to pool %s",
                                self.request_id, worker, block.round, self.spec.pool)
                 worker = None
-                self.client.rpush(protocol.verify_pool_queue(self.spec.pool), payload)
+                self.client.rpush(protocol.verify_pool_queue(self.spec.pool), sent.payload)
         raise SessionFailed(f"no verify worker answered round {block.round} of {self.request_id} "
                             f"within {self.runtime.settings.worker.verdict_timeout_s:.0f}s")
 

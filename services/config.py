@@ -66,6 +66,7 @@ class WorkerSettings(BaseModel):
     kv_budget_mb: int = Field(2048, ge=1, description="verify worker KV-cache budget")
     verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
     draft_concurrency: int = Field(4, ge=1, description="sessions one draft worker process drives at once")
+    pipelined_drafting: bool = Field(True, description="draft block k+1 while block k is verified")
 
 
 class GatewaySettings(BaseModel):

@@ -79,6 +79,7 @@ HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 # Recent per-round transport overheads in ms (round trip minus verify time), newest first, capped.
 TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
 TRANSPORT_SAMPLES_MAX = 20000
+DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (draft_worker/pipeline.py)
 
 
 class ProtocolError(ValueError):

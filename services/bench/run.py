@@ -65,17 +65,26 @@ class BenchOutcome:
 
 
 def _run_stack(config: BenchConfig, settings: Settings) -> tuple[list[PromptRun], dict]:
-    from services.bench.stack_client import fleet_draft_ms_per_token, percentile, run_stack, transport_samples
+    from services.bench.stack_client import (
+        draft_timing,
+        fleet_draft_ms_per_token,
+        percentile,
+        pipeline_summary,
+        run_stack,
+        transport_samples,
+    )
     from services.protocol import TRANSPORT_SAMPLES_MAX
 
     before = len(transport_samples(settings.redis_url))
+    timing_before = draft_timing(settings.redis_url)
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens)
     runs = run_stack(config.url, config.api_key, settings.target, config.prompts, options,
                      repeat=config.repeat, warmup=config.warmup, progress=config.progress)
     samples = transport_samples(settings.redis_url)
     fresh = samples[: max(0, len(samples) - before)] if before < TRANSPORT_SAMPLES_MAX else samples
     return runs, {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99),
-                  "draft_ms_per_token": fleet_draft_ms_per_token(settings.redis_url)}
+                  "draft_ms_per_token": fleet_draft_ms_per_token(settings.redis_url),
+                  "pipeline": pipeline_summary(timing_before, draft_timing(settings.redis_url))}
 
 
 def _generator_for(mode: str, target: LoadedModel, settings: Settings,
@@ -132,6 +141,11 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     if transport and transport["p50_ms"] is not None:
         table += (f"\nstack transport overhead per round (round trip minus verify time): p50 "
                   f"{transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds\n")
+    if transport.get("pipeline", {}).get("drafting_s"):
+        pipe = transport["pipeline"]
+        table += (f"pipelined drafting: {pipe['hidden_s']:.2f} s of {pipe['drafting_s']:.2f} s drafting hidden behind "
+                  f"verification ({pipe['hidden_fraction']:.0%}); {pipe['speculation_hits']:.0f} of "
+                  f"{pipe['speculations']:.0f} speculated blocks used ({pipe['speculation_hit_rate']:.0%})\n")
     (out_dir / "results.md").write_text(table)
     files = [out_dir / "results.json", out_dir / "results.md"]
     files += [path for path in (plot_speedup(rows, out_dir / "speedup_per_category.png"),

@@ -112,3 +112,26 @@ def fleet_draft_ms_per_token(redis_url: str) -> float | None:
         if beat.role == "draft" and "draft_ms_per_token" in beat.profile:
             values.append(float(beat.profile["draft_ms_per_token"]))
     return sum(values) / len(values) if values else None
+
+
+def draft_timing(redis_url: str) -> dict[str, float]:
+    """Summed drafting time and speculation counts the draft workers recorded (see draft_worker/pipeline.py)."""
+    import redis
+
+    from services.protocol import DRAFT_TIMING_KEY
+
+    client = redis.Redis.from_url(redis_url)
+    return {key.decode(): float(value) for key, value in client.hgetall(DRAFT_TIMING_KEY).items()}
+
+
+def pipeline_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The bench's window of the draft workers' timing: how much drafting pipelining hid."""
+    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    drafting = delta.get("draft_s", 0.0) + delta.get("speculation_s", 0.0)
+    speculations = delta.get("speculations", 0.0)
+    return {
+        **delta,
+        "drafting_s": drafting,
+        "hidden_fraction": delta.get("hidden_s", 0.0) / drafting if drafting else 0.0,
+        "speculation_hit_rate": delta.get("speculation_hits", 0.0) / speculations if speculations else 0.0,
+    }

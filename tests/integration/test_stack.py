@@ -12,6 +12,7 @@ import pytest
 from services.engine import GenerationOptions, generate
 from services.models.drafters import DraftSource
 from services.models.tokenization import encode_prompt
+from services.protocol import DRAFT_TIMING_KEY
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,9 @@ def test_greedy_over_http_equals_target_only(stack, client, reference, dev_promp
         assert body["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
         assert set(body["mirror_sd"]) >= {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                           "mean_acceptance_length"}
+    # the draft worker pipelines: grounded prompts accept whole blocks, so speculated blocks were sent
+    timing = {k.decode(): float(v) for k, v in stack.redis.hgetall(DRAFT_TIMING_KEY).items()}
+    assert 0 < timing["speculation_hits"] <= timing["speculations"]
 
 
 def test_streaming_equals_target_only(stack, client, reference, builtin_target, dev_prompts):

@@ -1,0 +1,101 @@
+"""Pipelined ("mirror") drafting: draft block k+1 while the verify worker checks block k.
+
+The speculation assumes block k is accepted whole. It drafts one token
+more than the next block needs: the first is the drafter's guess of the
+target's bonus token, the rest are block k+1. When the verdict accepts all
+of block k and its bonus token equals the guess, the context the
+speculation was drafted from is exactly the committed context, so block
+k+1 is sent at once; otherwise it is dropped and redrafted from the verdict.
+Losslessness is untouched: a speculated block is an ordinary draft of the
+committed context, verified as usual.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from services.models.drafters.base import Drafter
+from services.protocol import Verdict
+from services.speculative.block_length import BlockLengthController
+from services.speculative.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Speculation:
+    bonus_guess: int
+    draft_ids: list[int]  # block k+1
+    draft_probs: torch.Tensor | None  # [len(draft_ids), vocab] or None (point mass)
+    elapsed_s: float
+    finished_at: float  # wall clock (time.time) when drafting it ended
+
+
+def block_length_after_full_acceptance(controller: BlockLengthController, num_draft_tokens: int) -> int:
+    """What the controller would ask for next if this round's block were accepted whole."""
+    future = copy.deepcopy(controller)
+    future.update(num_draft_tokens, num_draft_tokens)
+    return future.num_draft_tokens
+
+
+def speculate(
+    drafter: Drafter,
+    committed: Sequence[int],
+    draft_ids: Sequence[int],
+    next_length: int,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Speculation | None:
+    """Draft the bonus guess plus next_length tokens after committed + draft_ids (None: nothing to send)."""
+    if next_length <= 0 or not draft_ids:
+        return None
+    started = time.perf_counter()
+    proposal = drafter.propose([*committed, *draft_ids], next_length + 1, sampling, generator)
+    elapsed = time.perf_counter() - started
+    if proposal.num_draft_tokens < 2:
+        return None
+    probs = proposal.probs[1:] if proposal.probs is not None else None
+    return Speculation(proposal.token_ids[0], list(proposal.token_ids[1:]), probs, elapsed, time.time())
+
+
+def speculation_holds(speculation: Speculation, num_sent: int, verdict: Verdict) -> bool:
+    """Block k was accepted whole and the target's bonus token is the one the speculation assumed."""
+    return (
+        not verdict.finished
+        and verdict.num_accepted == num_sent
+        and bool(verdict.committed_ids)
+        and verdict.committed_ids[-1] == speculation.bonus_guess
+    )
+
+
+def hidden_seconds(speculation: Speculation, sent_at: float, verify_finished_at: float) -> float:
+    """Drafting time that overlapped the verify round trip: the part of the speculation done
+    before the verdict existed (all of it when the speculation finished first)."""
+    overlap_end = min(speculation.finished_at, verify_finished_at)
+    return max(0.0, min(speculation.elapsed_s, overlap_end - sent_at))
+
+
+@dataclass
+class DraftTiming:
+    """Per-session drafting time, summed into Redis for the bench (seconds, counts)."""
+
+    draft_s: float = 0.0  # drafting on the critical path (no speculation to use)
+    speculation_s: float = 0.0  # all drafting done while a block was being verified
+    hidden_s: float = 0.0  # speculation that was used and overlapped verification
+    speculations: int = 0
+    speculation_hits: int = 0
+
+    def as_fields(self) -> dict[str, float]:
+        return {
+            "draft_s": self.draft_s,
+            "speculation_s": self.speculation_s,
+            "hidden_s": self.hidden_s,
+            "speculations": float(self.speculations),
+            "speculation_hits": float(self.speculation_hits),
+        }

@@ -1,0 +1,1 @@
+"""`mirror-sd distill`: train a small draft on text the target itself generates."""

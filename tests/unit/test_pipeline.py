@@ -1,0 +1,55 @@
+"""Pipelined drafting's decisions: when a speculated block may be sent, how much drafting it hid."""
+
+import pytest
+
+from draft_worker.pipeline import (
+    Speculation,
+    block_length_after_full_acceptance,
+    hidden_seconds,
+    speculate,
+    speculation_holds,
+)
+from services.config import SpeculativeSettings
+from services.models.drafters.ngram import NgramDrafter
+from services.protocol import Verdict
+from services.speculative.block_length import BlockLengthController
+from services.speculative.sampling import SamplingParams
+
+
+def verdict(accepted: int, committed: list[int], finished: bool = False) -> Verdict:
+    return Verdict(request_id="r", round=0, num_committed=10, num_draft_tokens=3, num_accepted=accepted,
+                   committed_ids=committed, finished=finished)
+
+
+def spec(guess: int = 9) -> Speculation:
+    return Speculation(bonus_guess=guess, draft_ids=[1, 2], draft_probs=None, elapsed_s=0.02, finished_at=100.02)
+
+
+def test_speculation_holds_only_on_full_acceptance_with_the_guessed_bonus():
+    assert speculation_holds(spec(9), 3, verdict(3, [4, 5, 6, 9]))
+    assert not speculation_holds(spec(9), 3, verdict(3, [4, 5, 6, 8]))  # other bonus token
+    assert not speculation_holds(spec(9), 3, verdict(2, [4, 5, 9]))  # a rejection
+    assert not speculation_holds(spec(9), 3, verdict(3, [4, 5, 6, 9], finished=True))
+
+
+def test_hidden_time_is_the_overlap_with_verification():
+    s = spec()  # drafted 100.00 .. 100.02
+    assert hidden_seconds(s, sent_at=100.0, verify_finished_at=100.05) == pytest.approx(0.02)  # all hidden
+    assert hidden_seconds(s, sent_at=100.0, verify_finished_at=100.01) == pytest.approx(0.01)  # verdict came first
+    assert hidden_seconds(s, sent_at=100.0, verify_finished_at=99.0) == 0.0
+
+
+def test_next_length_assumes_full_acceptance_without_touching_the_controller():
+    config = SpeculativeSettings(num_draft_tokens=4, window=1)
+    controller = BlockLengthController(config)
+    assert block_length_after_full_acceptance(controller, 4) == 4 + config.raise_step
+    assert controller.num_draft_tokens == 4
+
+
+def test_speculate_drafts_the_bonus_guess_then_the_next_block():
+    drafter = NgramDrafter(ngram_max=2, ngram_min=1)
+    context = [1, 2, 3, 4, 5, 6, 1, 2]
+    speculation = speculate(drafter, context, [3], 2, SamplingParams(), None)
+    assert speculation.bonus_guess == 4 and speculation.draft_ids == [5, 6]
+    assert speculate(drafter, context, [3], 0, SamplingParams(), None) is None
+    assert speculate(drafter, context, [], 2, SamplingParams(), None) is None
