@@ -2,10 +2,12 @@
 
 The speculation assumes block k is accepted whole. It drafts one token
 more than the next block needs: the first is the drafter's guess of the
-target's bonus token, the rest are block k+1. When the verdict accepts all
-of block k and its bonus token equals the guess, the context the
-speculation was drafted from is exactly the committed context, so block
-k+1 is sent at once; otherwise it is dropped and redrafted from the verdict.
+target's bonus token, the rest are block k+1. It stops as soon as the
+verdict arrives. When the verdict accepts all of block k and its bonus
+token equals the guess, the context the speculation was drafted from is
+exactly the committed context, so block k+1 goes out at once (topped up
+if the speculation was cut short); otherwise it is dropped and redrafted
+from the verdict.
 Losslessness is untouched: a speculated block is an ordinary draft of the
 committed context, verified as usual.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,8 @@ from services.speculative.block_length import BlockLengthController
 from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+POLL_EVERY_S = 0.002  # how often speculation asks Redis whether the verdict is in
 
 
 @dataclass
@@ -51,17 +55,41 @@ def speculate(
     next_length: int,
     sampling: SamplingParams,
     generator: torch.Generator | None,
+    verdict_ready: Callable[[], bool] = lambda: False,
+    poll_every_s: float = POLL_EVERY_S,
+    guess_generator: torch.Generator | None = None,
 ) -> Speculation | None:
-    """Draft the bonus guess plus next_length tokens after committed + draft_ids (None: nothing to send)."""
+    """Draft the bonus guess plus up to next_length tokens after committed + draft_ids, one token at a
+    time, stopping as soon as the verdict is ready (checked at most every poll_every_s): speculation
+    never holds up the critical path by more than one draft step. None: nothing usable was drafted.
+
+    Sampling: the guess draws from guess_generator, the block from `generator` (the next round's own
+    stream), so a speculated block is the very block that round would draft: output never depends on
+    when the verdict arrived."""
     if next_length <= 0 or not draft_ids:
         return None
-    started = time.perf_counter()
-    proposal = drafter.propose([*committed, *draft_ids], next_length + 1, sampling, generator)
+    started = last_poll = time.perf_counter()
+    context = [*committed, *draft_ids]
+    tokens: list[int] = []
+    probs: list[torch.Tensor] = []
+    while len(tokens) < next_length + 1:
+        now = time.perf_counter()
+        if now - last_poll >= poll_every_s:
+            last_poll = now
+            if verdict_ready():
+                break
+        stream = (guess_generator or generator) if not tokens else generator
+        proposal = drafter.propose([*context, *tokens], 1, sampling, stream)
+        if not proposal.token_ids:
+            break
+        tokens.append(proposal.token_ids[0])
+        if proposal.probs is not None:
+            probs.append(proposal.probs[0])
     elapsed = time.perf_counter() - started
-    if proposal.num_draft_tokens < 2:
+    if not tokens:
         return None
-    probs = proposal.probs[1:] if proposal.probs is not None else None
-    return Speculation(proposal.token_ids[0], list(proposal.token_ids[1:]), probs, elapsed, time.time())
+    draft_probs = torch.stack(probs[1:]) if len(probs) > 1 else None
+    return Speculation(tokens[0], tokens[1:], draft_probs, elapsed, time.time())
 
 
 def speculation_holds(speculation: Speculation, num_sent: int, verdict: Verdict) -> bool:

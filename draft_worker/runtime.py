@@ -18,7 +18,7 @@ from services.protocol import SessionSpec
 from services.redis_client import connect, read_events
 from services.storage import crud
 from services.storage.db import create_db_engine, session_factory
-from telemetry.profile import measure_draft_profile
+from services.engine.profile import measure_draft_profile
 
 from draft_worker.session_loop import LEASE_TTL_S, DraftRuntime, DraftSession, SessionFailed
 

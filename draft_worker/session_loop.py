@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
+import torch
 
 from services import protocol
 from services.config import Settings
@@ -27,14 +28,16 @@ from draft_worker.pipeline import (
 )
 from services.models.drafters import DraftSource
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.redis_client import RoundCommitter
+from services.redis_client import RoundCommitter, read_heartbeats
 from services.speculative.block_length import BlockLengthController
+from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = 10
+COST_REFRESH_S = 10.0
 
 
 class SessionFailed(RuntimeError):
@@ -52,9 +55,26 @@ class DraftRuntime:
     db: object = None  # sessionmaker for SQL records; None = no records
     profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
     committer: RoundCommitter = field(init=False)
+    _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
 
     def __post_init__(self) -> None:
         self.committer = RoundCommitter(self.client)
+
+    def cost_model(self, pool: str) -> CostModel | None:
+        """For block_policy "cost": the pool's verify cost curve (its workers' start-up profiles, averaged)
+        and this worker's draft cost; re-read at most every COST_REFRESH_S."""
+        if self.settings.speculative.block_policy != "cost":
+            return None
+        read_at, cost = self._costs.get(pool, (float("-inf"), None))
+        if time.monotonic() - read_at < COST_REFRESH_S:
+            return cost
+        curves = [beat.profile for beat in read_heartbeats(self.client)
+                  if beat.role == "verify" and beat.pool == pool and beat.profile]
+        merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
+                  for key in {key for curve in curves for key in curve if key.startswith("verify_ms_")}}
+        cost = CostModel.from_profile(merged, self.profile.get("draft_ms_per_token", 0.0)) if merged else None
+        self._costs[pool] = (time.monotonic(), cost)
+        return cost
 
 
 @dataclass
@@ -108,10 +128,10 @@ class DraftSession:
         self.resumed_from_round = self.round
         speculative = runtime.settings.speculative
         self.drafter = runtime.draft_source.new_drafter() if spec.route == "sd" else None
-        self.controller = BlockLengthController(speculative)
+        self.controller = BlockLengthController(speculative, cost=runtime.cost_model(spec.pool))
         self.stats = SpecDecodingStats()
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
-        self.generator = self.sampling.make_generator(offset=1 + self.round)
+        self._streams: dict[int, torch.Generator] = {}  # round -> its draft stream (sampling)
         self.sticky_worker: str | None = None
         self.transport_ms: list[float] = []
         self.first_token_at: float | None = None
@@ -168,7 +188,7 @@ class DraftSession:
         if num_draft_tokens <= 0:
             return self._make_block([], None)
         started = time.perf_counter()
-        proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self.generator)
+        proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self._stream(self.round))
         self.timing.draft_s += time.perf_counter() - started
         return self._make_block(proposal.token_ids, proposal.probs)
 
@@ -181,11 +201,35 @@ class DraftSession:
         cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining_after
         next_length = min(block_length_after_full_acceptance(self.controller, num_sent), remaining_after - 1, cap)
         speculation = speculate(self.drafter, self.committed, block.draft_ids, next_length, self.sampling,
-                                self.generator)
+                                self._stream(self.round + 1), verdict_ready=lambda: self.client.llen(self.reply_to) > 0,
+                                guess_generator=self.sampling.make_stream("guess", self.round))
         if speculation is not None:
             self.timing.speculations += 1
             self.timing.speculation_s += speculation.elapsed_s
         return speculation
+
+    def _stream(self, round_index: int) -> torch.Generator:
+        """Round r's draft randomness: its own seeded stream, so the draft of a round is the same
+        whether it was speculated during round r-1 or drafted after it."""
+        if round_index not in self._streams:
+            self._streams = {r: g for r, g in self._streams.items() if r >= round_index - 1}
+            self._streams[round_index] = self.sampling.make_stream("draft", round_index)
+        return self._streams[round_index]
+
+    def _top_up(self, speculation: Speculation, length: int) -> DraftBlock:
+        """The speculated block, cut to `length` or completed on the critical path when the verdict
+        cut the speculation short."""
+        draft_ids = speculation.draft_ids[:length]
+        probs = speculation.draft_probs[:length] if speculation.draft_probs is not None else None
+        if len(draft_ids) < length:
+            started = time.perf_counter()
+            more = self.drafter.propose([*self.committed, *draft_ids], length - len(draft_ids), self.sampling,
+                                        self._stream(self.round))
+            self.timing.draft_s += time.perf_counter() - started
+            draft_ids = [*draft_ids, *more.token_ids]
+            if probs is not None and more.probs is not None:
+                probs = torch.cat([probs, more.probs])
+        return self._make_block(draft_ids, probs)
 
     def _round(self) -> Verdict:
         block, self._prepared = self._prepared or self._draft_block(), None
@@ -193,8 +237,11 @@ class DraftSession:
         sent = self._send(block)
         speculation = self._speculate(block)  # runs while the verify worker checks `block`
         verdict, round_trip_s = self._await_verdict(block, sent)
+        # transport = round trip - verify time - the time the verdict sat unread while we were still
+        # speculating (wall clocks of two hosts: a small skew stays in the figure)
+        unread_s = max(0.0, speculation.finished_at - verdict.verify_finished_at) if speculation else 0.0
         self.transport_ms.append(
-            1000 * max(0.0, round_trip_s - (verdict.verify_finished_at - verdict.verify_started_at))
+            1000 * max(0.0, round_trip_s - (verdict.verify_finished_at - verdict.verify_started_at) - unread_s)
         )
         self.committed.extend(verdict.committed_ids)
         self.num_output = verdict.num_committed - len(self.spec.prompt_ids)
@@ -206,11 +253,12 @@ class DraftSession:
         self.round += 1
         if speculation is not None and speculation_holds(speculation, len(block.draft_ids), verdict):
             length = self._block_length()
-            if length > 0:
-                probs = speculation.draft_probs[:length] if speculation.draft_probs is not None else None
-                self._prepared = self._make_block(speculation.draft_ids[:length], probs)
+            if length > 0 and speculation.draft_ids:
+                self._prepared = self._top_up(speculation, length)
                 self.timing.speculation_hits += 1
                 self.timing.hidden_s += hidden_seconds(speculation, sent_at, verdict.verify_finished_at)
+        if self._prepared is None:
+            self._streams.pop(self.round, None)  # a dropped speculation used this round's stream: start it over
         return verdict
 
     def _send(self, block: DraftBlock) -> "_Sent":

@@ -104,6 +104,8 @@ def generate(
     except ValueError as exc:
         _fail(str(exc))
     _setup(threads or settings.num_threads, verbose)
+    from dataclasses import replace
+
     from services.engine import GenerationOptions
     from services.engine import generate as run_generate
     from services.models.drafters import load_draft_source
@@ -141,6 +143,11 @@ def generate(
             speculative=speculative,
             chunk_size=settings.prefill_chunk_size,
         )
+        if speculative.block_policy == "cost" and not draft_source.is_none:
+            from services.engine.profile import measure_cost_model
+
+            options = replace(options, cost=measure_cost_model(target_model, draft_source,
+                                                               speculative.max_draft_tokens))
         result = run_generate(target_model, draft_source, prompt_ids, options)
     except (MirrorSDError, ValueError) as exc:
         _fail(str(exc))
@@ -175,6 +182,7 @@ def bench(
     threads: Annotated[int | None, typer.Option()] = None,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="wrap prompts in the target's chat template")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    block_policy: Annotated[str | None, typer.Option("--block-policy", help="acceptance or cost (default: settings)")] = None,
     out: Annotated[str, typer.Option(help="folder for results.json, results.md and the PNG plots")] = "bench-results",
     url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
@@ -189,6 +197,11 @@ def bench(
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
+    if block_policy is not None:
+        if block_policy not in ("acceptance", "cost"):
+            _fail(f"--block-policy must be acceptance or cost, got {block_policy!r}")
+        settings = settings.model_copy(update={"speculative": settings.speculative.model_copy(
+            update={"block_policy": block_policy})})
     try:
         config = BenchConfig(
             modes=parse_modes(modes),
@@ -197,7 +210,8 @@ def bench(
             sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
             max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key,
             chat=chat, progress=progress,
-            meta={"prompts": prompts, "threads": threads or settings.num_threads},
+            meta={"prompts": prompts, "threads": threads or settings.num_threads,
+                  "block_policy": settings.speculative.block_policy},
         )
     except ValueError as exc:
         _fail(str(exc))
@@ -221,6 +235,64 @@ def bench(
         typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
     if outcome.mismatches:
         raise typer.Exit(code=1)
+
+
+@app.command()
+def distill(
+    out: Annotated[str, typer.Option(help="folder for the corpus, checkpoints, the draft and recipe.json")],
+    target: Annotated[str | None, typer.Option()] = None,
+    layers: Annotated[int, typer.Option(min=1, help="decoder layers of the draft")] = 2,
+    init_layers: Annotated[str, typer.Option("--init-layers", help="target layers to start from, e.g. 0,-1")] = "0,-1",
+    keep_tokens: Annotated[int, typer.Option("--keep-tokens", min=16, help="size of the trimmed head")] = 8192,
+    num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="first N seed prompts")] = None,
+    samples_per_prompt: Annotated[int, typer.Option("--samples-per-prompt", min=1)] = 2,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 192,
+    generate_batch_size: Annotated[int, typer.Option("--generate-batch-size", min=1)] = 16,
+    steps: Annotated[int, typer.Option(min=1)] = 1500,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
+    lr: Annotated[float, typer.Option(min=0.0)] = 5e-4,
+    seed: Annotated[int, typer.Option()] = 0,
+    precision: Annotated[str, typer.Option(help="training autocast: auto (bf16 where the CPU has it), fp32, bf16")] = "auto",
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="seed prompts in the chat template")] = True,
+    pause_after: Annotated[int | None, typer.Option("--pause-after", min=1, help="stop after N steps; rerun resumes")] = None,
+    threads: Annotated[int | None, typer.Option(min=1)] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Train a small draft on text the target generates (knowledge distillation); rerun to resume."""
+    from pathlib import Path
+
+    from services.config import get_settings
+    from services.distill.run import DistillRecipe, distill as run_distill, resolve_bf16
+    from services.models.loading import load_model
+
+    settings = get_settings()
+    try:
+        init = [int(part) for part in init_layers.split(",") if part.strip()]
+    except ValueError:
+        _fail(f"--init-layers {init_layers!r}: use comma-separated layer numbers, e.g. 0,-1")
+    try:
+        resolve_bf16(precision)
+    except ValueError as exc:
+        _fail(str(exc))
+    recipe = DistillRecipe(target=target or settings.target, seed=seed, num_layers=layers, init_from_layers=init,
+                           keep_tokens=keep_tokens, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt,
+                           max_new_tokens=max_new_tokens, generate_batch_size=generate_batch_size, steps=steps,
+                           batch_size=batch_size, lr=lr, precision=precision, chat=chat)
+    _setup(threads or settings.num_threads, False)
+    try:
+        target_model = load_model(recipe.target, precision="fp32", device=settings.device,
+                                  cache_dir=settings.cache_dir)
+        report = run_distill(target_model, recipe, Path(out), progress=progress, pause_after=pause_after)
+    except (ValueError, MirrorSDError) as exc:
+        _fail(str(exc))
+    if "paused_at_step" in report:
+        typer.echo(f"paused at step {report['paused_at_step']} of {report['steps']}; rerun the same command to go on")
+        return
+    after, before = report["heldout_after"], report["heldout_before"]
+    typer.echo(f"draft written to {out} ({report['corpus']['answer_tokens']} target tokens, "
+               f"{report['keep']['tokens']} kept tokens covering {report['keep']['top1_coverage']:.1%} of top-1)")
+    typer.echo(f"held-out top-1 agreement {before['top1_agreement']:.3f} -> {after['top1_agreement']:.3f}; "
+               f"use it with --draft {out}")
 
 
 def _apply_env(**values: object) -> None:
@@ -281,6 +353,8 @@ def draft_worker_command(
 def up(
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
     auth_disabled: Annotated[bool, typer.Option("--auth-disabled/--auth", help="development only")] = True,
+    draft: Annotated[str | None, typer.Option(help="draft spec for the draft worker (default: settings)")] = None,
+    pin: Annotated[bool, typer.Option("--pin/--no-pin", help="draft and verify workers on separate cores")] = False,
 ) -> None:
     """Run the local stack (gateway, draft worker, verify worker) with the built-in model until Ctrl-C."""
     import signal as signal_lib
@@ -290,13 +364,13 @@ def up(
     from services.stack import start_stack, stop_children
     from services.storage.db import init_db
 
-    _apply_env(gateway__auth_disabled=str(auth_disabled).lower())
+    _apply_env(gateway__auth_disabled=str(auth_disabled).lower(), draft=draft)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = get_settings()
     init_db(settings.database_url)  # migrate once, before the children race to it
     typer.echo(f"starting gateway on :{port}, a draft worker and a verify worker ({settings.target}) ...", err=True)
     try:
-        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft)
+        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin)
     except RuntimeError as exc:
         _fail(str(exc))
     typer.echo(
@@ -401,7 +475,8 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
     from services.config import get_settings
     from services.redis_client import connect
-    from telemetry.service import read_heartbeats, read_routing_table
+    from services.redis_client import read_heartbeats
+    from telemetry.service import read_routing_table
 
     client = connect(get_settings().redis_url)
     beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))

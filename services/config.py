@@ -41,6 +41,9 @@ class SpeculativeSettings(BaseModel):
     fallback_below: float = Field(0.3, ge=0.0, le=1.0, description="acceptance that switches to target-only")
     fallback_min_rounds: int = Field(5, ge=1, description="drafted rounds seen before fallback may trigger")
     probe_after_rounds: int = Field(64, ge=0, description="target-only rounds before drafting is retried; 0 never")
+    block_policy: Literal["acceptance", "cost"] = Field(
+        "acceptance", description="acceptance: +raise_step/-lower_step rule; cost: most tokens per ms from the "
+        "measured verify cost curve and draft cost")
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(2, ge=1)
 

@@ -7,7 +7,7 @@ import logging
 import redis
 
 from services import protocol
-from services.protocol import OutputEvent
+from services.protocol import HEARTBEAT_PATTERN, Heartbeat, OutputEvent, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +56,16 @@ class RoundCommitter:
 def read_events(client: redis.Redis, request_id: str) -> list[OutputEvent]:
     """Every output event of a request so far, in order."""
     return [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(protocol.output_stream(request_id))]
+
+
+def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
+    keys = list(client.scan_iter(match=HEARTBEAT_PATTERN, count=200))
+    beats = []
+    for raw in client.mget(keys) if keys else []:
+        if raw is None:
+            continue
+        try:
+            beats.append(Heartbeat.decode(raw))
+        except ProtocolError as exc:
+            logger.warning("ignoring a bad heartbeat: %s", exc)
+    return beats

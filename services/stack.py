@@ -116,24 +116,38 @@ def stop_children(children: dict[str, subprocess.Popen], timeout_s: float = 15.0
             child.kill()
 
 
+def pinned_cores(names: list[str], cores: list[int]) -> dict[str, set[int]]:
+    """Separate cores for the draft and verify workers, as on separate hardware: the draft worker
+    gets the last core, the verify worker the rest; other children are not pinned."""
+    if len(cores) < 2:
+        raise RuntimeError(f"pinning needs at least 2 cores, this process may use {len(cores)}")
+    pins = {"verify-worker": set(cores[:-1]), "draft-worker": {cores[-1]}}
+    return {name: pins[name] for name in names if name in pins}
+
+
 def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
-                ready_timeout_s: float = 180.0,
-                log_dir: Path | None = None) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
+                ready_timeout_s: float = 180.0, log_dir: Path | None = None,
+                pin: bool = False) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
     private = None
     if not is_reachable(redis_url):
         private = PrivateRedis().start()
         logger.info("no Redis at %s: started a private one at %s", redis_url, private.url)
         redis_url = private.url
-    cores = os.cpu_count() or 2
+    usable = sorted(os.sched_getaffinity(0))
+    cores = len(usable)
     child_env = {**os.environ, **(env or {}), "MIRROR_SD_REDIS_URL": redis_url}
     # A model draft needs a core of its own; prompt lookup barely uses one.
-    verify_threads = max(1, cores - 1) if needs_target_weights(draft) else cores
+    verify_threads = max(1, cores - 1) if needs_target_weights(draft) or pin else cores
+    commands = child_commands(port=port, verify_threads=verify_threads, draft_threads=1)
+    pins = pinned_cores(list(commands), usable) if pin else {}
     children: dict[str, subprocess.Popen] = {}
     try:
-        for name, command in child_commands(port=port, verify_threads=verify_threads, draft_threads=1).items():
+        for name, command in commands.items():
             output = open(log_dir / f"{name}.log", "w") if log_dir else None  # noqa: SIM115 - child owns it
-            children[name] = subprocess.Popen(command, env=child_env, stdout=output, stderr=subprocess.STDOUT
-                                              if output else None)
+            affinity = pins.get(name)
+            children[name] = subprocess.Popen(
+                command, env=child_env, stdout=output, stderr=subprocess.STDOUT if output else None,
+                preexec_fn=(lambda cores=affinity: os.sched_setaffinity(0, cores)) if affinity else None)
         wait_ready(f"http://127.0.0.1:{port}", children, ready_timeout_s)
     except BaseException:
         stop_children(children)

@@ -9,25 +9,13 @@ import time
 import redis
 
 from services.config import Settings
-from services.protocol import HEARTBEAT_PATTERN, ROUTING_TABLE_KEY, Heartbeat, ProtocolError, RoutingTable
+from services.protocol import ROUTING_TABLE_KEY, Heartbeat, RoutingTable
+from services.redis_client import read_heartbeats
 from services.storage import crud
 from telemetry.metrics import TelemetryMetrics
 from telemetry.rules import RuleEvent, evaluate
 
 logger = logging.getLogger(__name__)
-
-
-def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
-    keys = list(client.scan_iter(match=HEARTBEAT_PATTERN, count=200))
-    beats = []
-    for raw in client.mget(keys) if keys else []:
-        if raw is None:
-            continue
-        try:
-            beats.append(Heartbeat.decode(raw))
-        except ProtocolError as exc:
-            logger.warning("ignoring a bad heartbeat: %s", exc)
-    return beats
 
 
 def read_routing_table(client: redis.Redis) -> RoutingTable | None:

@@ -12,7 +12,7 @@ from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
 from services.redis_client import connect
-from telemetry.profile import measure_verify_profile
+from services.engine.profile import measure_verify_profile
 from verify_worker.worker import VerifyWorker
 
 logger = logging.getLogger(__name__)

@@ -60,7 +60,7 @@ def build_session(target: LoadedModel, spec: SessionSpec, events: list[OutputEve
         target_session=TargetSession(target, [*spec.prompt_ids, *output_ids], chunk_size=chunk_size),
         output=output,
         sampling=sampling,
-        generator=sampling.make_generator(offset=len(events), device=target.device),
+        generator=sampling.make_stream("target", len(events), device=target.device),
         seq=len(events),
     )
     if events:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.bench.peers import hf_generate, parse_peer_mode
@@ -14,6 +14,7 @@ from services.bench.report import build_report, to_json, to_markdown
 from services.bench.runner import GenerateOne, PromptRun, check_against_ar, run_mode, score_rouge_l
 from services.config import Settings
 from services.engine import GenerationOptions, generate
+from services.engine.profile import measure_cost_model
 from services.models.drafters import load_draft_source
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
@@ -102,7 +103,11 @@ def _generator_for(mode: str, target: LoadedModel, settings: Settings,
     if source.references is not None:  # synthetic: replay ar's greedy output
         for run in ar_runs:
             source.references.add(encoded[run.prompt.id], run.result.token_ids)
-    return lambda prompt_ids, options: generate(target, source, prompt_ids, options)
+    cost = None
+    if settings.speculative.block_policy == "cost" and not source.is_none:
+        cost = measure_cost_model(target, source, settings.speculative.max_draft_tokens)
+        logger.info("%s: cost model %s", mode, cost)
+    return lambda prompt_ids, options: generate(target, source, prompt_ids, replace(options, cost=cost))
 
 
 def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_dir: Path) -> BenchOutcome:

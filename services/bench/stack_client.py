@@ -100,17 +100,10 @@ def fleet_draft_ms_per_token(redis_url: str) -> float | None:
     """Mean draft ms/token over the live draft workers' start-up profiles (None if none reports one)."""
     import redis
 
-    from services import protocol
+    from services.redis_client import read_heartbeats
 
-    client = redis.Redis.from_url(redis_url)
-    values = []
-    for key in client.scan_iter(match=protocol.heartbeat_key("*")):
-        raw = client.get(key)
-        if raw is None:
-            continue
-        beat = protocol.Heartbeat.decode(raw)
-        if beat.role == "draft" and "draft_ms_per_token" in beat.profile:
-            values.append(float(beat.profile["draft_ms_per_token"]))
+    values = [float(beat.profile["draft_ms_per_token"]) for beat in read_heartbeats(redis.Redis.from_url(redis_url))
+              if beat.role == "draft" and "draft_ms_per_token" in beat.profile]
     return sum(values) / len(values) if values else None
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.config import SpeculativeSettings
+from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 
 
@@ -18,6 +19,7 @@ class GenerationOptions:
     num_draft_tokens: int | None = None  # initial gamma; None = speculative.num_draft_tokens
     ignore_eos: bool = False
     chunk_size: int = 512  # prefill chunk
+    cost: CostModel | None = None  # measured round costs, for speculative.block_policy "cost"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

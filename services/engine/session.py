@@ -43,7 +43,8 @@ class GenerationSession:
             max_new_tokens=options.max_new_tokens,
             stop=options.stop,
         )
-        self.controller = BlockLengthController(options.speculative, options.num_draft_tokens)
+        cost = options.cost if options.speculative.block_policy == "cost" else None
+        self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
         self.stats = SpecDecodingStats()
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's verify (prefill included)

@@ -14,6 +14,7 @@ import logging
 from collections import deque
 
 from services.config import SpeculativeSettings
+from services.speculative.cost_model import CostModel, alpha_from_rounds, best_block_length
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,13 @@ def next_block_length(current: int, window_acceptance: float, config: Speculativ
 
 
 class BlockLengthController:
-    def __init__(self, config: SpeculativeSettings, num_draft_tokens: int | None = None) -> None:
+    """Gamma from recent acceptance; with a cost model (block_policy "cost"), the gamma with the most
+    expected tokens per ms for the measured acceptance, where gamma 0 (target alone) also competes."""
+
+    def __init__(self, config: SpeculativeSettings, num_draft_tokens: int | None = None,
+                 cost: CostModel | None = None) -> None:
         self.config = config
+        self.cost = cost
         start = config.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         self._gamma = max(config.min_draft_tokens, min(start, config.max_draft_tokens))
         self._window: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
@@ -60,10 +66,20 @@ class BlockLengthController:
             return
         self._window.append((num_draft_tokens, num_accepted))
         acceptance = self.window_acceptance
-        if len(self._window) >= self.config.fallback_min_rounds and acceptance < self.config.fallback_below:
+        enough = len(self._window) >= self.config.fallback_min_rounds
+        if enough and acceptance < self.config.fallback_below:
             self._enter_fallback(acceptance)
             return
-        self._gamma = next_block_length(self._gamma, acceptance, self.config)
+        if self.cost is None:
+            self._gamma = next_block_length(self._gamma, acceptance, self.config)
+            return
+        alpha = alpha_from_rounds(self._window) or 0.0
+        gamma, _ = best_block_length(alpha, self.cost, range(self.config.min_draft_tokens,
+                                                             self.config.max_draft_tokens + 1))
+        if gamma == 0 and enough:  # no block length pays for itself here: decode with the target alone
+            self._enter_fallback(acceptance)
+            return
+        self._gamma = max(gamma, self.config.min_draft_tokens)
 
     def _enter_fallback(self, acceptance: float) -> None:
         self.num_fallbacks += 1

@@ -7,6 +7,8 @@ rejection sampler then reproduces the warped target distribution exactly.
 
 from __future__ import annotations
 
+import hashlib
+
 import logging
 from dataclasses import dataclass
 
@@ -43,6 +45,17 @@ class SamplingParams:
             generator.seed()
         else:
             generator.manual_seed(self.seed + offset)
+        return generator
+
+    def make_stream(self, role: str, index: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
+        """A seeded generator for one named stream, e.g. ("draft", round 7): distinct (role, index)
+        pairs never share random numbers (seed + offset schemes collide across processes)."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            digest = hashlib.blake2b(f"{self.seed}:{role}:{index}".encode(), digest_size=8).digest()
+            generator.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
         return generator
 
 

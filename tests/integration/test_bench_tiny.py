@@ -73,3 +73,18 @@ def test_sampled_bench_scores_rouge_instead_of_failing(bench_setup):
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert all(run["matches_ar"] is None for run in runs)  # no greedy check when sampling
     assert all(0.0 <= run["rouge_l"] <= 1.0 for run in runs if run["mode"] != "ar")
+
+
+def test_cost_policy_bench_stays_lossless(bench_setup):
+    root, target, draft, prompts = bench_setup
+    out = root / "cost"
+    result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes",
+                                      f"ar,sd:ngram,sd:{draft}", "-n", "16", "--block-policy", "cost", "--no-chat",
+                                      "--no-progress", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["block_policy"] == "cost"
+    assert all(run["matches_ar"] for run in data["runs"] if run["mode"] != "ar")
+    bad = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts),
+                                   "--block-policy", "fastest"])
+    assert bad.exit_code != 0 and "'fastest'" in bad.output

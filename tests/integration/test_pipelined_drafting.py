@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from draft_worker.session_loop import DraftRuntime, DraftSession
-from services.config import Settings, WorkerSettings
+from services.config import Settings, SpeculativeSettings, WorkerSettings
 from services.engine import GenerationOptions, GenerationSession
 from services.models.drafters import DraftSource
 from services.protocol import SessionSpec, request_key
@@ -30,7 +30,9 @@ def target():
 def fleet(target):
     client = redis.Redis.from_url(f"{TEST_REDIS}/10")
     client.flushdb()
-    worker = VerifyWorker(client=client, target=target, worker_id="verify-t", pool="cpu", kv_budget_bytes=1 << 26)
+    worker = VerifyWorker(client=client, target=target, worker_id="verify-t", pool="cpu", kv_budget_bytes=1 << 26,
+                          profile={"verify_ms_1": 10.0, "verify_ms_4": 11.0, "verify_ms_9": 12.0})
+    worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
     stop = threading.Event()
     thread = threading.Thread(target=worker.serve, args=(stop, 0.1), daemon=True)
     thread.start()
@@ -49,15 +51,17 @@ def reference_output(target, max_new_tokens: int) -> list[int]:
 
 
 def drive(client, draft_source: DraftSource, *, pipelined: bool, request_id: str, max_new_tokens: int,
-          temperature: float = 0.0, seed: int | None = None):
-    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30))
-    runtime = DraftRuntime(settings=settings, client=client, draft_source=draft_source, worker_id="draft-t")
+          temperature: float = 0.0, seed: int | None = None, block_policy: str = "acceptance"):
+    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30),
+                        speculative=SpeculativeSettings(block_policy=block_policy))
+    runtime = DraftRuntime(settings=settings, client=client, draft_source=draft_source, worker_id="draft-t",
+                           profile={"draft_ms_per_token": 0.5})
     spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True,
                        temperature=temperature, seed=seed)
     client.set(request_key(request_id), spec.encode())  # what the gateway writes
     summary = DraftSession(runtime, spec, []).run()
     tokens = [t for event in read_events(client, request_id) for t in event.token_ids]
-    return tokens, summary
+    return tokens, summary, runtime
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram"])
@@ -65,26 +69,40 @@ def test_pipelined_output_equals_target_only(fleet, target, draft):
     source = (DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1)) if draft == "model"
               else DraftSource("ngram", None))
     expected = reference_output(target, 40)
-    tokens, summary = drive(fleet, source, pipelined=True, request_id=f"p-{draft}", max_new_tokens=40)
+    tokens, summary, _ = drive(fleet, source, pipelined=True, request_id=f"p-{draft}", max_new_tokens=40)
     assert tokens == expected
     timing = summary.timing
     assert timing.speculations > 0 and timing.speculation_hits <= timing.speculations
     if draft == "model":  # a close draft: whole blocks accepted, speculations used
         assert timing.speculation_hits > 0
     assert timing.hidden_s <= timing.speculation_s
-    plain_tokens, plain = drive(fleet, source, pipelined=False, request_id=f"s-{draft}", max_new_tokens=40)
+    plain_tokens, plain, _ = drive(fleet, source, pipelined=False, request_id=f"s-{draft}", max_new_tokens=40)
     assert plain_tokens == expected
     assert plain.timing.speculations == 0 and plain.timing.hidden_s == 0
     # a used speculation replaces a round's critical-path drafting
     assert plain.timing.draft_s > 0 and summary.rounds >= 1
 
 
-def test_sampled_pipelined_sessions_are_reproducible_by_seed(fleet, target):
+def test_sampled_sessions_are_reproducible_by_seed_pipelined_or_not(fleet, target):
     source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
     runs = [drive(fleet, source, pipelined=True, request_id=f"t-{n}", max_new_tokens=30, temperature=1.0, seed=7)
             for n in range(2)]
     assert runs[0][0] == runs[1][0] and len(runs[0][0]) == 30
     assert runs[0][1].timing.speculations > 0
+    # each round drafts from its own seeded stream: pipelining (and when verdicts arrive) changes nothing
+    plain, _, _ = drive(fleet, source, pipelined=False, request_id="t-plain", max_new_tokens=30, temperature=1.0,
+                        seed=7)
+    assert plain == runs[0][0]
+
+
+def test_cost_policy_reads_the_pools_verify_curve(fleet, target):
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    tokens, _, runtime = drive(fleet, source, pipelined=True, request_id="cost", max_new_tokens=30,
+                               block_policy="cost")
+    assert tokens == reference_output(target, 30)
+    cost = runtime.cost_model("cpu")
+    assert cost.verify_ms == {1: 10.0, 4: 11.0, 9: 12.0} and cost.draft_ms_per_token == 0.5
+    assert runtime.cost_model("gpu") is None  # no verify worker there
 
 
 def test_model_draft_cache_survives_a_missed_speculation(target):

@@ -79,6 +79,9 @@ def test_health_models_and_readiness(stack, client):
     assert ready["ready"] and ready["draft_workers"] == 1 and ready["verify_workers"] == 2
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
+    # device profiles measured at start-up travel in the heartbeats: the verify cost curve, the draft cost
+    assert all(beat.profile[f"verify_ms_{n}"] > 0 for beat in stack.heartbeats("verify") for n in range(1, 10))
+    assert all(beat.profile["draft_ms_per_token"] > 0 for beat in stack.heartbeats("draft"))
 
 
 def test_greedy_over_http_equals_target_only(stack, client, reference, dev_prompts):

@@ -53,3 +53,14 @@ def test_speculate_drafts_the_bonus_guess_then_the_next_block():
     assert speculation.bonus_guess == 4 and speculation.draft_ids == [5, 6]
     assert speculate(drafter, context, [3], 0, SamplingParams(), None) is None
     assert speculate(drafter, context, [], 2, SamplingParams(), None) is None
+
+
+def test_speculation_stops_when_the_verdict_arrives():
+    drafter = NgramDrafter(ngram_max=2, ngram_min=1)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    polls = iter([False, False, True])
+    cut = speculate(drafter, context, [3], 6, SamplingParams(), None, verdict_ready=lambda: next(polls),
+                    poll_every_s=0.0)
+    assert cut.bonus_guess == 4 and cut.draft_ids == [5]  # two tokens drafted, then the verdict was in
+    assert speculate(drafter, context, [3], 6, SamplingParams(), None, verdict_ready=lambda: True,
+                     poll_every_s=0.0) is None

@@ -2,7 +2,8 @@
 
 Specs: `ngram` (prompt lookup, no model); `int8`, `bf16`, `fp16` (a
 reduced-precision copy of the target, the self-draft; `self:fp32` for an
-exact copy); `none` (target-only); `synthetic:<a>` (benchmarks only: the target's
+exact copy); `default` (the shipped distilled draft, services/models/default_draft;
+any `mirror-sd distill` output folder works the same); `none` (target-only); `synthetic:<a>` (benchmarks only: the target's
 greedy token with probability a, from reference runs); anything else is a model spec for
 `load_model` (built-in alias, directory, GGUF file, cached HF id) that must
 share the target's tokenizer.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.config import SpeculativeSettings
 from services.models.drafters.base import Drafter
@@ -25,6 +27,7 @@ from services.models.drafters.synthetic import (
 )
 from services.models.loading import LoadedModel, check_same_tokenizer, load_model
 from services.models.precision import PRECISIONS
+from services.models.trimmed_draft import DEFAULT_DRAFT_DIR, is_trimmed_draft_dir, load_trimmed_draft
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,9 @@ def load_draft_source(
             raise ValueError(f"draft {spec!r}: precision must be one of {', '.join(PRECISIONS)}")
     if self_precision is not None:
         return DraftSource(spec, target.with_precision(self_precision), **common)
+    if spec == "default" or is_trimmed_draft_dir(Path(spec)):
+        directory = DEFAULT_DRAFT_DIR if spec == "default" else Path(spec)
+        return DraftSource(spec, load_trimmed_draft(directory, target, name=spec), **common)
     draft = load_model(spec, precision=precision, device=target.device)
     check_same_tokenizer(target, draft)
     return DraftSource(spec, draft, **common)

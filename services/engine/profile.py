@@ -1,4 +1,4 @@
-"""Device profiles measured at worker start-up: what verifying 1, 4 and 8 tokens, or drafting one, costs here."""
+"""Device profiles measured at start-up: what a target forward over 1..9 tokens, or one draft token, costs here."""
 
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ import time
 from services.engine.target import TargetSession
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
+from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, repeats: int = 3) -> dict[str, float]:
-    """{"verify_ms_1": ..., "verify_ms_4": ..., "verify_ms_8": ...}: median ms of one target forward."""
+VERIFY_SIZES = tuple(range(1, 10))  # 1 token (target alone) up to a block of 8 + 1
+
+
+def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, repeats: int = 3,
+                           sizes: tuple[int, ...] = VERIFY_SIZES) -> dict[str, float]:
+    """{"verify_ms_1": ..., ..., "verify_ms_9": ...}: median ms of one target forward over n tokens
+    (the cost curve the block-length controller reads; it is not smooth on CPUs)."""
     vocab = target.vocab_size
     prompt = [(7 * index + 3) % vocab for index in range(min(context_tokens, target.max_context - 16))]
     session = TargetSession(target, prompt)
     greedy = SamplingParams()
     profile = {}
-    for num_tokens in (1, 4, 8):
+    for num_tokens in sizes:
         draft = [(11 * index + 5) % vocab for index in range(num_tokens - 1)]
         timings = []
         for _ in range(repeats + 1):  # the first call warms up
@@ -53,3 +59,10 @@ def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_token
     finally:
         drafter.release()
     return {"draft_ms_per_token": round(statistics.median(timings[1:]), 4)}
+
+
+def measure_cost_model(target: LoadedModel, source: DraftSource, max_draft_tokens: int) -> CostModel:
+    """The in-process cost model: this target's verify curve and this draft's per-token cost."""
+    verify = measure_verify_profile(target, sizes=tuple(range(1, max_draft_tokens + 2)))
+    draft = measure_draft_profile(source, target.vocab_size).get("draft_ms_per_token", 0.0)
+    return CostModel.from_profile(verify, draft)
