@@ -72,19 +72,25 @@ def speculate(
     context = [*committed, *draft_ids]
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
-    while len(tokens) < next_length + 1:
+    # A stepwise drafter drafts a block one token at a time exactly as it would in one call, so it can
+    # stop at any token; others draft the guess, then the block in one call, as that round would.
+    stepwise = bool(getattr(drafter, "stepwise", False))
+    calls = 0
+    while len(tokens) < next_length + 1 and (stepwise or calls < 2):
         now = time.perf_counter()
         if now - last_poll >= poll_every_s:
             last_poll = now
             if verdict_ready():
                 break
         stream = (guess_generator or generator) if not tokens else generator
-        proposal = drafter.propose([*context, *tokens], 1, sampling, stream)
+        proposal = drafter.propose([*context, *tokens], 1 if stepwise or not tokens else next_length, sampling,
+                                   stream)
+        calls += 1
         if not proposal.token_ids:
             break
-        tokens.append(proposal.token_ids[0])
+        tokens += proposal.token_ids
         if proposal.probs is not None:
-            probs.append(proposal.probs[0])
+            probs += list(proposal.probs)
     elapsed = time.perf_counter() - started
     if not tokens:
         return None

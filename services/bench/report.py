@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from services.bench.runner import PromptRun
 from services.speculative.bound import alpha_from_mean_accepted, leviathan_speedup
+from services.speculative.cost_model import CostModel, cost_curve_bound
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class Aggregate:
     mean_block_length: float | None = None  # gamma: draft tokens per drafted round
     leviathan_bound: float | None = None
     measured_over_bound: float | None = None
+    curve_bound: float | None = None  # the bound with the measured verify cost curve (cost_model.py)
+    measured_over_curve_bound: float | None = None
     rouge_l: float | None = None
     num_mismatches: int = 0
     synthetic: bool = False  # acceptance chosen by a synthetic draft, not earned
@@ -67,8 +70,10 @@ def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
     )
 
 
-def apply_bound(row: Aggregate, target_ms_per_token: float, draft_ms_per_token: float | None) -> None:
-    """Fill c, alpha, the Leviathan bound and measured/bound for a row that drafted."""
+def apply_bound(row: Aggregate, target_ms_per_token: float, draft_ms_per_token: float | None,
+                verify_curve: CostModel | None = None) -> None:
+    """Fill c, alpha, the Leviathan bound and measured/bound for a row that drafted (and the bound
+    under the measured verify curve, when there is one)."""
     gamma = row.mean_block_length
     if not gamma or row.mean_acceptance_length is None or target_ms_per_token <= 0:
         return
@@ -78,6 +83,11 @@ def apply_bound(row: Aggregate, target_ms_per_token: float, draft_ms_per_token: 
     row.leviathan_bound = leviathan_speedup(row.alpha, gamma, row.cost_ratio)
     if row.speedup_vs_ar is not None:
         row.measured_over_bound = row.speedup_vs_ar / row.leviathan_bound
+    if verify_curve is not None:
+        curve = CostModel(verify_curve.verify_ms, row.cost_ratio * verify_curve.verify_cost(1))
+        row.curve_bound = cost_curve_bound(row.alpha, gamma, curve)
+        if row.speedup_vs_ar is not None:
+            row.measured_over_curve_bound = row.speedup_vs_ar / row.curve_bound
 
 
 def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
@@ -89,7 +99,8 @@ def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
 
 
 def build_report(
-    runs_by_mode: dict[str, list[PromptRun]], draft_ms_overrides: dict[str, float] | None = None
+    runs_by_mode: dict[str, list[PromptRun]], draft_ms_overrides: dict[str, float] | None = None,
+    verify_curve: CostModel | None = None,
 ) -> list[Aggregate]:
     """Rows per mode x scope; speedups and bounds against `ar` in the same scope.
 
@@ -110,7 +121,7 @@ def build_report(
         if ar is None or ar.tokens_per_s <= 0:
             continue
         row.speedup_vs_ar = row.tokens_per_s / ar.tokens_per_s
-        apply_bound(row, ar.ms_per_token, draft_ms_overrides.get(row.mode, row.draft_ms_per_token))
+        apply_bound(row, ar.ms_per_token, draft_ms_overrides.get(row.mode, row.draft_ms_per_token), verify_curve)
     return rows
 
 
@@ -120,7 +131,8 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def to_markdown(rows: list[Aggregate]) -> str:
     columns = ["mode", "scope", "prompts", "tokens", "tok/s", "ms/token", "TTFT ms", "rounds", "acceptance",
-               "mean acc. len", "acc. per position", "speedup vs ar", "c", "bound", "measured/bound", "ROUGE-L",
+               "mean acc. len", "acc. per position", "speedup vs ar", "c", "bound", "measured/bound", "curve bound",
+               "measured/curve bound", "ROUGE-L",
                "mismatches"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
@@ -131,6 +143,7 @@ def to_markdown(rows: list[Aggregate]) -> str:
                  _fmt(row.acceptance_rate, ".2f"), _fmt(row.mean_acceptance_length, ".2f"), per_pos,
                  _fmt(row.speedup_vs_ar, ".2f") + ("x" if row.speedup_vs_ar is not None else ""),
                  _fmt(row.cost_ratio, ".3f"), _fmt(row.leviathan_bound, ".2f"), _fmt(row.measured_over_bound, ".0%"),
+                 _fmt(row.curve_bound, ".2f"), _fmt(row.measured_over_curve_bound, ".0%"),
                  _fmt(row.rouge_l, ".3f"), str(row.num_mismatches)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -14,10 +14,11 @@ from services.bench.report import build_report, to_json, to_markdown
 from services.bench.runner import GenerateOne, PromptRun, check_against_ar, run_mode, score_rouge_l
 from services.config import Settings
 from services.engine import GenerationOptions, generate
-from services.engine.profile import measure_cost_model
+from services.engine.profile import measure_cost_model, measure_verify_profile
 from services.models.drafters import load_draft_source
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
+from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -133,10 +134,11 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
             if config.sampling.greedy:
                 mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
     overrides = {"stack": transport["draft_ms_per_token"]} if transport.get("draft_ms_per_token") is not None else {}
-    rows = build_report(runs_by_mode, overrides)
+    verify_curve = CostModel.from_profile(measure_verify_profile(target))  # the target's cost curve, here
+    rows = build_report(runs_by_mode, overrides, verify_curve)
     meta = {**config.meta, "modes": config.modes, "num_prompts": len(config.prompts), "target": target.name,
             "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
-            "seed": config.sampling.seed, "repeat": config.repeat}
+            "seed": config.sampling.seed, "repeat": config.repeat, "verify_ms": verify_curve.verify_ms}
     if transport:
         meta["transport_overhead"] = transport
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -37,10 +37,13 @@ class CostModel:
         draft = draft_ms_per_token if draft_ms_per_token is not None else profile.get("draft_ms_per_token", 0.0)
         return cls(verify, float(draft))
 
-    def verify_cost(self, num_tokens: int) -> float:
-        """Measured, else linear between the nearest measured lengths (flat past the longest)."""
+    def verify_cost(self, num_tokens: float) -> float:
+        """Measured, else linear between the nearest measured lengths (flat past the longest); a
+        fractional length (a mean block) interpolates too."""
         if num_tokens in self.verify_ms:
             return self.verify_ms[num_tokens]
+        if num_tokens < 1:
+            raise ValueError(f"a forward covers at least 1 token, got {num_tokens}")
         below = max(n for n in self.verify_ms if n < num_tokens)
         above = [n for n in self.verify_ms if n > num_tokens]
         if not above:
@@ -54,6 +57,14 @@ class CostModel:
 
     def tokens_per_ms(self, alpha: float, gamma: int) -> float:
         return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma)
+
+
+def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:
+    """The Leviathan bound with this machine's measured verify cost instead of "verifying gamma + 1
+    tokens costs one forward": (1 + E[accepted]) / ((gamma d + v(gamma + 1)) / v(1)). measured/this is
+    the system's own efficiency, the verify curve taken as given."""
+    return (1.0 + expected_accepted(alpha, gamma)) * cost.verify_cost(1) / (
+        gamma * cost.draft_ms_per_token + cost.verify_cost(gamma + 1))
 
 
 def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int]) -> tuple[int, float]:

@@ -27,11 +27,11 @@ def pick_prompts(dev_prompts: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def draft_sources(builtin_target):
-    return {spec: load_draft_source(spec, builtin_target) for spec in ("none", "ngram", "int8")}
+    return {spec: load_draft_source(spec, builtin_target) for spec in ("none", "ngram", "int8", "default")}
 
 
 def test_greedy_sd_matches_target_only_on_dev_prompts(builtin_target, draft_sources, dev_prompts):
-    accepted = {"ngram": 0, "int8": 0}
+    accepted = {"ngram": 0, "int8": 0, "default": 0}
     for record in pick_prompts(dev_prompts):
         prompt_ids = encode_prompt(builtin_target.tokenizer, record["prompt"], chat=True)
         expected = generate(builtin_target, draft_sources["none"], prompt_ids, OPTIONS)
@@ -42,7 +42,7 @@ def test_greedy_sd_matches_target_only_on_dev_prompts(builtin_target, draft_sour
             assert result.text == expected.text
             accepted[spec] += result.stats.num_accepted_tokens
     # The drafts did real work: tokens were accepted, not only recovered.
-    assert accepted["int8"] > 0 and accepted["ngram"] > 0
+    assert accepted["int8"] > 0 and accepted["ngram"] > 0 and accepted["default"] > 0
 
 
 def test_stop_string_cuts_text(builtin_target, draft_sources):

@@ -192,3 +192,22 @@ def test_rollback_restores_the_cache_invariant(tiny_target):
     session.rollback(len(prompt))
     assert session.token_ids == prompt and session.num_cached == len(prompt) - 1
     assert session.verify([], None, SamplingParams(), None).next_token_id == first
+
+
+def test_hybrid_uses_lookup_when_it_matches_and_the_model_otherwise():
+    from services.models.drafters.hybrid import HybridDrafter
+
+    target = build_tiny_llama(0)
+    model_draft = ModelDrafter(perturbed_copy(target, scale=0.05, seed=3))
+    drafter = HybridDrafter(NgramDrafter(ngram_max=3, ngram_min=2), model_draft)
+    assert drafter.propose([4, 8, 15, 16, 4, 8], 2, SamplingParams(), None).token_ids == [15, 16]  # lookup
+    assert drafter.num_lookup_rounds == 1
+    prompt, options = [4, 8, 15, 16, 23, 42, 4, 8], GenerationOptions(max_new_tokens=30, ignore_eos=True)
+    outputs = []
+    for used in (drafter, None):
+        session = GenerationSession(target, used, prompt, options)
+        while not session.finished:
+            session.step()
+        outputs.append(session.output_ids)
+    assert outputs[0] == outputs[1]  # lossless whichever half drafted
+    assert drafter.num_model_rounds > 0

@@ -113,5 +113,6 @@ def test_drill_reports_time_to_reroute(stack):
     time.sleep(0.6)
     drill = cli(stack, "telemetry", "drill", "--worker", gpu_worker, "--url", stack.base_url)
     assert drill.returncode == 0, drill.stderr
+    print(drill.stdout)  # the figures for the closing note: pytest -s tests/integration/test_routing.py
     assert "first request on pool 'cpu'" in drill.stdout
     assert stack.redis.get(f"mirror-sd:probe-override:{gpu_worker}") is None  # the drill cleans up

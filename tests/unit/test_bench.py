@@ -97,6 +97,12 @@ def test_bound_and_cost_ratio_in_the_report():
     assert row.leviathan_bound == pytest.approx(3 / (4 * 0.1 + 1))
     assert row.leviathan_bound == pytest.approx(leviathan_speedup(row.alpha, 4, 0.1))
     assert row.measured_over_bound == pytest.approx(2.0 / row.leviathan_bound)
+    # with the measured verify curve (1 token 10 ms, 5 tokens 15 ms): 3 tokens per (4 x 1 ms + 15 ms) vs 1 per 10 ms
+    from services.speculative.cost_model import CostModel
+
+    curved = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd}, None, CostModel({1: 10.0, 5: 15.0}))}
+    assert curved[("sd:x", "all")].curve_bound == pytest.approx(3 * 10 / (4 * 1.0 + 15))
+    assert curved[("sd:x", "all")].measured_over_curve_bound == pytest.approx(2.0 / (30 / 19))
     overridden = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd}, {"sd:x": 0.0})}
     assert overridden[("sd:x", "all")].cost_ratio == 0.0
 

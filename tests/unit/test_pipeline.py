@@ -55,12 +55,34 @@ def test_speculate_drafts_the_bonus_guess_then_the_next_block():
     assert speculate(drafter, context, [], 2, SamplingParams(), None) is None
 
 
+class CountingDrafter:
+    """Stepwise: proposes last token + 1, one token per call."""
+
+    stepwise = True
+    name = "count"
+
+    def propose(self, context, num_draft_tokens, sampling, generator):
+        from services.models.drafters.base import DraftProposal
+
+        return DraftProposal([context[-1] + 1 + i for i in range(num_draft_tokens)], None)
+
+    def release(self):
+        pass
+
+
 def test_speculation_stops_when_the_verdict_arrives():
-    drafter = NgramDrafter(ngram_max=2, ngram_min=1)
-    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
     polls = iter([False, False, True])
-    cut = speculate(drafter, context, [3], 6, SamplingParams(), None, verdict_ready=lambda: next(polls),
+    cut = speculate(CountingDrafter(), [1, 2], [3], 6, SamplingParams(), None, verdict_ready=lambda: next(polls),
                     poll_every_s=0.0)
     assert cut.bonus_guess == 4 and cut.draft_ids == [5]  # two tokens drafted, then the verdict was in
-    assert speculate(drafter, context, [3], 6, SamplingParams(), None, verdict_ready=lambda: True,
+    assert speculate(CountingDrafter(), [1, 2], [3], 6, SamplingParams(), None, verdict_ready=lambda: True,
                      poll_every_s=0.0) is None
+
+
+def test_a_non_stepwise_drafter_speculates_the_block_that_round_would_draft():
+    drafter = NgramDrafter(ngram_max=2, ngram_min=1)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    speculation = speculate(drafter, context[:-1], [3], 4, SamplingParams(), None, poll_every_s=0.0)
+    guess = speculation.bonus_guess
+    assert guess == 4
+    assert speculation.draft_ids == drafter.propose([*context, guess], 4, SamplingParams(), None).token_ids

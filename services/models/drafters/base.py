@@ -25,6 +25,8 @@ class Drafter(Protocol):
     """Per-session drafter: stateful (caches) but driven only by the committed context."""
 
     name: str
+    # Optional `stepwise = True`: drafting n tokens in one call equals n one-token calls, so pipelined
+    # drafting may stop between tokens (draft_worker/pipeline.py).
 
     def propose(
         self,

@@ -2,9 +2,12 @@
 
 Specs: `ngram` (prompt lookup, no model); `int8`, `bf16`, `fp16` (a
 reduced-precision copy of the target, the self-draft; `self:fp32` for an
-exact copy); `default` (the shipped distilled draft, services/models/default_draft;
-any `mirror-sd distill` output folder works the same); `none` (target-only); `synthetic:<a>` (benchmarks only: the target's
-greedy token with probability a, from reference runs); anything else is a model spec for
+exact copy); `default` (the shipped distilled draft in
+services/models/default_draft; any `mirror-sd distill` folder works the
+same way); `hybrid` / `hybrid:<model draft>` (prompt lookup when the context
+has a match, else the model draft, `default` unless named); `none`
+(target-only); `synthetic:<a>` (benchmarks only: the target's greedy token
+with probability a, from reference runs); anything else is a model spec for
 `load_model` (built-in alias, directory, GGUF file, cached HF id) that must
 share the target's tokenizer.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from services.config import SpeculativeSettings
 from services.models.drafters.base import Drafter
 from services.models.drafters.model import ModelDrafter
+from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
 from services.models.drafters.synthetic import (
     SYNTHETIC_PREFIX,
@@ -50,6 +54,7 @@ class DraftSource:
     chunk_size: int = 512
     references: ReferenceBook | None = None  # synthetic drafts only
     vocab_size: int = 0
+    hybrid: bool = False  # prompt lookup first, `model` when it finds nothing
 
     @property
     def is_none(self) -> bool:
@@ -61,9 +66,11 @@ class DraftSource:
         if self.references is not None:
             return SyntheticDrafter(parse_synthetic_acceptance(self.spec), self.references,
                                     vocab_size=self.vocab_size)
+        lookup = NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
         if self.model is None:
-            return NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
-        return ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
+            return lookup
+        model = ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
+        return HybridDrafter(lookup, model, name=self.spec) if self.hybrid else model
 
 
 def load_draft_source(
@@ -78,6 +85,12 @@ def load_draft_source(
     common = {"ngram_max": speculative.ngram_max, "ngram_min": speculative.ngram_min, "chunk_size": chunk_size}
     if spec in ("none", "ngram"):
         return DraftSource(spec, None, **common)
+    if spec == "hybrid" or spec.startswith("hybrid:"):
+        inner = spec.split(":", 1)[1] if ":" in spec else "default"
+        if inner in ("none", "ngram", "hybrid") or inner.startswith(("hybrid:", SYNTHETIC_PREFIX)):
+            raise ValueError(f"draft {spec!r}: the hybrid's second half must be a model draft, not {inner!r}")
+        model = load_draft_source(inner, target, speculative=speculative, precision=precision, chunk_size=chunk_size)
+        return DraftSource(spec, model.model, hybrid=True, **common)
     if spec.startswith(SYNTHETIC_PREFIX):
         parse_synthetic_acceptance(spec)
         return DraftSource(spec, None, references=ReferenceBook(), vocab_size=target.vocab_size, **common)

@@ -16,6 +16,8 @@ logger = logging.getLogger(__name__)
 
 
 class ModelDrafter:
+    stepwise = True  # propose(ctx, n) == n calls of propose(ctx + drafted, 1): its KV cache carries over
+
     def __init__(self, loaded: LoadedModel, *, chunk_size: int = 512, name: str | None = None) -> None:
         self.name = name or loaded.name
         self._lm = CachedLM(loaded, chunk_size)
