@@ -245,10 +245,10 @@ def distill(
     init_layers: Annotated[str, typer.Option("--init-layers", help="target layers to start from, e.g. 0,-1")] = "0,-1",
     keep_tokens: Annotated[int, typer.Option("--keep-tokens", min=16, help="size of the trimmed head")] = 8192,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", min=1, help="first N seed prompts")] = None,
-    samples_per_prompt: Annotated[int, typer.Option("--samples-per-prompt", min=1)] = 2,
+    samples_per_prompt: Annotated[int, typer.Option("--samples-per-prompt", min=1, help="1 = the greedy answer only")] = 1,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 192,
-    generate_batch_size: Annotated[int, typer.Option("--generate-batch-size", min=1)] = 16,
-    steps: Annotated[int, typer.Option(min=1)] = 1500,
+    generate_batch_size: Annotated[int, typer.Option("--generate-batch-size", min=1)] = 32,
+    steps: Annotated[int, typer.Option(min=1)] = 1200,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
     lr: Annotated[float, typer.Option(min=0.0)] = 5e-4,
     seed: Annotated[int, typer.Option()] = 0,
@@ -258,7 +258,9 @@ def distill(
     threads: Annotated[int | None, typer.Option(min=1)] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
-    """Train a small draft on text the target generates (knowledge distillation); rerun to resume."""
+    """Train a small draft on text the target generates (knowledge distillation); rerun to resume.
+
+    The defaults are the recipe of the shipped default draft (services/models/default_draft/recipe.json)."""
     from pathlib import Path
 
     from services.config import get_settings

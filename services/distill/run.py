@@ -30,13 +30,13 @@ class DistillRecipe:
     init_from_layers: list[int] = field(default_factory=lambda: [0, -1])  # target layers; negative from the end
     keep_tokens: int = 8192
     num_prompts: int | None = None  # None = every seed prompt
-    samples_per_prompt: int = 2  # the greedy answer + sampled ones
+    samples_per_prompt: int = 1  # the greedy answer, + sampled ones beyond 1
     temperature: float = 0.8
     max_new_tokens: int = 192
-    generate_batch_size: int = 16
+    generate_batch_size: int = 32
     soft_label_top_k: int = 16
     max_len: int = 320
-    steps: int = 1500
+    steps: int = 1200
     batch_size: int = 8
     lr: float = 5e-4
     warmup_steps: int = 50

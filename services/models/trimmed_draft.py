@@ -68,7 +68,7 @@ class TrimmedDraft(nn.Module):
         small = self.head(hidden)  # [batch, n, keep]
         logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         logits.index_copy_(-1, self.keep_ids, small)
-        return CausalLMOutputWithPast(logits=logits, past_key_values=output.past_key_values)
+        return CausalLMOutputWithPast(logits=logits)  # the cache passed in was updated in place
 
     def own_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint stores: the draft's layers and norm (not the target's embeddings/head)."""

@@ -62,6 +62,7 @@ class SyntheticDrafter:
         self.acceptance = acceptance
         self.references = references
         self.vocab_size = vocab_size
+        self.seed = seed
         self._rng = random.Random(seed)
         self._reference: list[int] | None = None
 
@@ -76,6 +77,8 @@ class SyntheticDrafter:
             self._reference = self.references.find(context_ids)
             if self._reference is None:
                 raise ValueError("synthetic draft: no reference run for this prompt (run the ar mode first)")
+            # independent draws per prompt (one shared sequence would correlate every prompt's rounds)
+            self._rng = random.Random(f"{self.seed}:{len(context_ids)}:{context_ids[-8:]}")
         start = len(context_ids)
         truth = self._reference[start : start + num_draft_tokens]
         draft_ids = [
