@@ -14,7 +14,6 @@ committed context, verified as usual.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +23,6 @@ import torch
 
 from services.models.drafters.base import Drafter
 from services.protocol import Verdict
-from services.speculative.block_length import BlockLengthController
 from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -39,13 +37,6 @@ class Speculation:
     draft_probs: torch.Tensor | None  # [len(draft_ids), vocab] or None (point mass)
     elapsed_s: float
     finished_at: float  # wall clock (time.time) when drafting it ended
-
-
-def block_length_after_full_acceptance(controller: BlockLengthController, num_draft_tokens: int) -> int:
-    """What the controller would ask for next if this round's block were accepted whole."""
-    future = copy.deepcopy(controller)
-    future.update(num_draft_tokens, num_draft_tokens)
-    return future.num_draft_tokens
 
 
 def speculate(
@@ -68,34 +59,35 @@ def speculate(
     when the verdict arrived."""
     if next_length <= 0 or not draft_ids:
         return None
-    started = last_poll = time.perf_counter()
+    started = time.perf_counter()
     context = [*committed, *draft_ids]
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
-    # A stepwise drafter drafts a block one token at a time exactly as it would in one call, so it can
-    # stop at any token; others draft the guess, then the block in one call, as that round would.
-    stepwise = bool(getattr(drafter, "stepwise", False))
-    calls = 0
-    while len(tokens) < next_length + 1 and (stepwise or calls < 2):
-        now = time.perf_counter()
-        if now - last_poll >= poll_every_s:
-            last_poll = now
-            if verdict_ready():
+
+    def draft(count: int, stream: torch.Generator | None) -> bool:
+        proposal = drafter.propose([*context, *tokens], count, sampling, stream)
+        tokens.extend(proposal.token_ids)
+        probs.extend(proposal.probs if proposal.probs is not None else [])
+        return bool(proposal.token_ids)
+
+    if not getattr(drafter, "stepwise", False):
+        # the guess, then the block in one call, exactly as that round would draft it
+        if draft(1, guess_generator or generator):
+            draft(next_length, generator)
+    else:
+        last_poll = started
+        while len(tokens) < next_length + 1:
+            now = time.perf_counter()
+            if now - last_poll >= poll_every_s:
+                last_poll = now
+                if verdict_ready():
+                    break
+            if not draft(1, generator if tokens else guess_generator or generator):
                 break
-        stream = (guess_generator or generator) if not tokens else generator
-        proposal = drafter.propose([*context, *tokens], 1 if stepwise or not tokens else next_length, sampling,
-                                   stream)
-        calls += 1
-        if not proposal.token_ids:
-            break
-        tokens += proposal.token_ids
-        if proposal.probs is not None:
-            probs += list(proposal.probs)
-    elapsed = time.perf_counter() - started
     if not tokens:
         return None
     draft_probs = torch.stack(probs[1:]) if len(probs) > 1 else None
-    return Speculation(tokens[0], tokens[1:], draft_probs, elapsed, time.time())
+    return Speculation(tokens[0], tokens[1:], draft_probs, time.perf_counter() - started, time.time())
 
 
 def speculation_holds(speculation: Speculation, num_sent: int, verdict: Verdict) -> bool:

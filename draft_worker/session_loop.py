@@ -21,7 +21,6 @@ from services.config import Settings
 from draft_worker.pipeline import (
     DraftTiming,
     Speculation,
-    block_length_after_full_acceptance,
     hidden_seconds,
     speculate,
     speculation_holds,
@@ -165,12 +164,15 @@ class DraftSession:
         return SessionSummary(self.request_id, finish_reason, self.num_output, self.round, self.stats,
                               self.transport_ms, self.first_token_at, self.resumed_from_round, self.timing)
 
-    def _block_length(self) -> int:
+    def _block_length(self, gamma: int | None = None, num_output: int | None = None) -> int:
+        """gamma (default: the controller's) within the request's limits: a round emits up to gamma + 1
+        tokens, and a degraded pool caps gamma."""
         if self.drafter is None:
             return 0
-        remaining = self.spec.max_new_tokens - self.num_output
+        gamma = self.controller.num_draft_tokens if gamma is None else gamma
+        remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
         cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining
-        return max(0, min(self.controller.num_draft_tokens, remaining - 1, cap))
+        return max(0, min(gamma, remaining - 1, cap))
 
     def _make_block(self, draft_ids: list[int], probs) -> DraftBlock:
         return DraftBlock(
@@ -197,9 +199,7 @@ class DraftSession:
         if not self.pipelined or not block.draft_ids:
             return None
         num_sent = len(block.draft_ids)
-        remaining_after = self.spec.max_new_tokens - self.num_output - num_sent - 1
-        cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining_after
-        next_length = min(block_length_after_full_acceptance(self.controller, num_sent), remaining_after - 1, cap)
+        next_length = self._block_length(self.controller.after(num_sent, num_sent), self.num_output + num_sent + 1)
         speculation = speculate(self.drafter, self.committed, block.draft_ids, next_length, self.sampling,
                                 self._stream(self.round + 1), verdict_ready=lambda: self.client.llen(self.reply_to) > 0,
                                 guess_generator=self.sampling.make_stream("guess", self.round))

@@ -96,8 +96,8 @@ def _generator_for(mode: str, target: LoadedModel, settings: Settings,
         assistant = None
         if peer.draft is not None:
             assistant = load_draft_source(peer.draft, target, speculative=settings.speculative).model
-            if assistant is None:
-                raise ValueError(f"mode {mode!r}: hf-assisted needs a model draft, not {peer.draft!r}")
+            if assistant is None or not hasattr(assistant.model, "generate"):
+                raise ValueError(f"mode {mode!r}: hf-assisted needs a model draft that transformers can run, not {peer.draft!r}")
         return lambda prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)
     source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
                                speculative=settings.speculative)

@@ -10,6 +10,7 @@ drafts again at the minimum gamma with a fresh window (0 disables probing).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import deque
 
@@ -80,6 +81,13 @@ class BlockLengthController:
             self._enter_fallback(acceptance)
             return
         self._gamma = max(gamma, self.config.min_draft_tokens)
+
+    def after(self, num_draft_tokens: int, num_accepted: int) -> int:
+        """num_draft_tokens next round if this round ended so; the controller itself is unchanged."""
+        future = copy.copy(self)
+        future._window = deque(self._window, maxlen=self._window.maxlen)
+        future.update(num_draft_tokens, num_accepted)
+        return future.num_draft_tokens
 
     def _enter_fallback(self, acceptance: float) -> None:
         self.num_fallbacks += 1

@@ -4,7 +4,6 @@ import pytest
 
 from draft_worker.pipeline import (
     Speculation,
-    block_length_after_full_acceptance,
     hidden_seconds,
     speculate,
     speculation_holds,
@@ -42,7 +41,7 @@ def test_hidden_time_is_the_overlap_with_verification():
 def test_next_length_assumes_full_acceptance_without_touching_the_controller():
     config = SpeculativeSettings(num_draft_tokens=4, window=1)
     controller = BlockLengthController(config)
-    assert block_length_after_full_acceptance(controller, 4) == 4 + config.raise_step
+    assert controller.after(4, 4) == 4 + config.raise_step
     assert controller.num_draft_tokens == 4
 
 

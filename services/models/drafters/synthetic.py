@@ -63,7 +63,7 @@ class SyntheticDrafter:
         self.references = references
         self.vocab_size = vocab_size
         self.seed = seed
-        self._rng = random.Random(seed)
+        self._rng = random.Random(seed)  # reseeded per prompt at the first proposal
         self._reference: list[int] | None = None
 
     def propose(
