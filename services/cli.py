@@ -174,7 +174,7 @@ def bench(
     categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     repeat: Annotated[int, typer.Option(min=1)] = 1,
-    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run")] = 1,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k")] = 0,
@@ -183,7 +183,9 @@ def bench(
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="wrap prompts in the target's chat template")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
     block_policy: Annotated[str | None, typer.Option("--block-policy", help="acceptance or cost (default: settings)")] = None,
-    out: Annotated[str, typer.Option(help="folder for results.json, results.md and the PNG plots")] = "bench-results",
+    out: Annotated[str, typer.Option(help="folder for results.json, results.md, the PNG plots and the runs journal")] = "bench-results",
+    resume: Annotated[bool, typer.Option("--resume/--fresh", help="reuse the runs journalled in --out by an interrupted run with the same settings")] = False,
+    report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: report the prompts the journal in --out holds in every mode")] = False,
     url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
 ) -> None:
@@ -209,7 +211,7 @@ def bench(
                                    categories=categories.split(",") if categories else None),
             sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
             max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key,
-            chat=chat, progress=progress,
+            chat=chat, progress=progress, resume=resume, report_only=report_only,
             meta={"prompts": prompts, "threads": threads or settings.num_threads,
                   "block_policy": settings.speculative.block_policy},
         )
@@ -596,6 +598,64 @@ def models_prepare(
     except MirrorSDError as exc:
         _fail(str(exc))
     typer.echo(f"{alias}: {path}")
+
+
+@models_app.command("profile")
+def models_profile(
+    target: Annotated[str | None, typer.Option()] = None,
+    layouts: Annotated[str | None, typer.Option("--layout", help="comma list of transposed, native (default: settings)")] = None,
+    draft: Annotated[str | None, typer.Option(help="also time this draft's cost per token")] = None,
+    context: Annotated[int, typer.Option(min=1, help="tokens already in the KV cache")] = 64,
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+    threads: Annotated[int | None, typer.Option(min=1)] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Time one target forward over 1..9 tokens here (the verify cost curve the block-length controller reads)."""
+    import json
+    import statistics
+
+    from services.config import get_settings
+    from services.engine.profile import measure_draft_profile, measure_verify_profile
+    from services.models.drafters import load_draft_source
+    from services.models.linear_layout import LAYOUTS
+    from services.models.loading import load_model
+
+    settings = get_settings()
+    chosen = [item.strip() for item in (layouts or settings.cpu_weight_layout).split(",") if item.strip()]
+    for layout in chosen:
+        if layout not in LAYOUTS:
+            _fail(f"--layout {layout!r}: choose from {', '.join(LAYOUTS)}")
+    _setup(threads or settings.num_threads, False)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        loaded = {layout: load_model(target or settings.target, precision=settings.target_precision,
+                                     device=settings.device, layout=layout) for layout in chosen}
+        samples: dict[str, list[dict[str, float]]] = {layout: [] for layout in chosen}
+        for _ in range(repeats):  # layouts take turns, so a drift of this machine's speed hits them alike
+            for layout in chosen:
+                samples[layout].append(measure_verify_profile(loaded[layout], context_tokens=context, repeats=1))
+        for layout in chosen:
+            results[layout] = {key: round(statistics.median(sample[key] for sample in samples[layout]), 3)
+                               for key in samples[layout][0]}
+            if draft:
+                source = load_draft_source(draft, loaded[layout], speculative=settings.speculative)
+                results[layout].update(measure_draft_profile(source, loaded[layout].vocab_size,
+                                                             context_tokens=context, repeats=repeats))
+    except (ValueError, MirrorSDError) as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(results, indent=1))
+        return
+    typer.echo("tokens\t" + "\t".join(f"{layout} ms\t(x 1 token)" for layout in chosen))
+    for size in range(1, 10):
+        cells = []
+        for layout in chosen:
+            value, single = results[layout][f"verify_ms_{size}"], results[layout]["verify_ms_1"]
+            cells.append(f"{value:.1f}\t({value / single:.2f})")
+        typer.echo(f"{size}\t" + "\t".join(cells))
+    for layout in chosen:
+        if "draft_ms_per_token" in results[layout]:
+            typer.echo(f"draft {draft} ({layout} target): {results[layout]['draft_ms_per_token']:.2f} ms per token")
 
 
 def main() -> None:  # pragma: no cover - console entry point

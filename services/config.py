@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     draft: str = "ngram"
     draft_precision: Precision = "fp32"
     device: str = "cpu"
+    cpu_weight_layout: Literal["transposed", "native"] = Field(
+        "transposed", description="fp32 Linear weights on CPU: transposed verifies draft blocks faster (linear_layout.py)")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
 
     prefill_chunk_size: int = Field(512, ge=1)

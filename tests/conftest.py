@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.models.loading import LoadedModel
+from services.models.precision import apply_precision
 
 torch.set_num_threads(int(os.environ.get("MIRROR_SD_TEST_THREADS", "2")))
 
@@ -46,7 +47,7 @@ def build_tiny_llama(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = apply_precision(LlamaForCausalLM(config), "fp32", torch.device("cpu"))  # as load_model does
     return LoadedModel(name or f"tiny-llama-{seed}", model, None)
 
 

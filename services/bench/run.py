@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.bench.journal import JOURNAL_NAME, Journal
 from services.bench.peers import hf_generate, parse_peer_mode
 from services.bench.plots import plot_acceptance_per_position, plot_speedup
 from services.bench.prompts import BenchPrompt
 from services.bench.report import build_report, to_json, to_markdown
-from services.bench.runner import GenerateOne, PromptRun, check_against_ar, run_mode, score_rouge_l
+from services.bench.runner import PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l, stratified
 from services.config import Settings
 from services.engine import GenerationOptions, generate
 from services.engine.profile import measure_cost_model, measure_verify_profile
 from services.models.drafters import load_draft_source
+from services.models.drafters.synthetic import ReferenceBook
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
 from services.speculative.cost_model import CostModel
@@ -55,7 +59,16 @@ class BenchConfig:
     api_key: str | None = None
     chat: bool = True
     progress: bool = True
+    resume: bool = False  # reuse the runs journalled in the output folder by an interrupted run
+    report_only: bool = False  # run nothing: report the prompts the journal holds in every mode
     meta: dict = field(default_factory=dict)
+
+    def fingerprint(self, target: str) -> dict:
+        """What must match for journalled runs to be reused (modes and prompts may differ: they are per run)."""
+        return {"target": target, "max_new_tokens": self.max_new_tokens, "chat": self.chat,
+                "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
+                "top_k": self.sampling.top_k, "seed": self.sampling.seed,
+                "threads": self.meta.get("threads"), "block_policy": self.meta.get("block_policy")}
 
 
 @dataclass
@@ -66,22 +79,30 @@ class BenchOutcome:
     files: list[Path]
 
 
-def _run_stack(config: BenchConfig, settings: Settings) -> tuple[list[PromptRun], dict]:
+def _stack_mode(config: BenchConfig, settings: Settings, resources: ExitStack) -> RunPrompt:
+    import httpx
+
+    from services.bench.stack_client import run_one
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    client = resources.enter_context(httpx.Client(base_url=config.url, headers=headers, timeout=600))
+    return lambda prompt, _prompt_ids, options: run_one(client, settings.target, prompt, options)
+
+
+def _stack_overheads(settings: Settings, run: Callable[[], dict[str, list[PromptRun]]]) -> tuple[dict, dict]:
+    """Run, and read what the draft workers recorded meanwhile: transport per round, drafting hidden."""
     from services.bench.stack_client import (
         draft_timing,
         fleet_draft_ms_per_token,
         percentile,
         pipeline_summary,
-        run_stack,
         transport_samples,
     )
     from services.protocol import TRANSPORT_SAMPLES_MAX
 
     before = len(transport_samples(settings.redis_url))
     timing_before = draft_timing(settings.redis_url)
-    options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens)
-    runs = run_stack(config.url, config.api_key, settings.target, config.prompts, options,
-                     repeat=config.repeat, warmup=config.warmup, progress=config.progress)
+    runs = run()
     samples = transport_samples(settings.redis_url)
     fresh = samples[: max(0, len(samples) - before)] if before < TRANSPORT_SAMPLES_MAX else samples
     return runs, {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99),
@@ -89,8 +110,8 @@ def _run_stack(config: BenchConfig, settings: Settings) -> tuple[list[PromptRun]
                   "pipeline": pipeline_summary(timing_before, draft_timing(settings.redis_url))}
 
 
-def _generator_for(mode: str, target: LoadedModel, settings: Settings,
-                   ar_runs: list[PromptRun], encoded: dict[str, list[int]]) -> GenerateOne:
+def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tuple[RunPrompt, ReferenceBook | None]:
+    """The mode's runner, and the synthetic drafter's reference book (fed ar's output) if it has one."""
     if mode.startswith("hf-"):
         peer = parse_peer_mode(mode)
         assistant = None
@@ -98,33 +119,50 @@ def _generator_for(mode: str, target: LoadedModel, settings: Settings,
             assistant = load_draft_source(peer.draft, target, speculative=settings.speculative).model
             if assistant is None or not hasattr(assistant.model, "generate"):
                 raise ValueError(f"mode {mode!r}: hf-assisted needs a model draft that transformers can run, not {peer.draft!r}")
-        return lambda prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)
+        return (lambda _prompt, prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)), None
     source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
                                speculative=settings.speculative)
-    if source.references is not None:  # synthetic: replay ar's greedy output
-        for run in ar_runs:
-            source.references.add(encoded[run.prompt.id], run.result.token_ids)
     cost = None
     if settings.speculative.block_policy == "cost" and not source.is_none:
         cost = measure_cost_model(target, source, settings.speculative.max_draft_tokens)
         logger.info("%s: cost model %s", mode, cost)
-    return lambda prompt_ids, options: generate(target, source, prompt_ids, replace(options, cost=cost))
+    return (lambda _prompt, prompt_ids, options: generate(target, source, prompt_ids, replace(options, cost=cost)),
+            source.references)
 
 
 def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_dir: Path) -> BenchOutcome:
     encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
                                 speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
-    runs_by_mode: dict[str, list[PromptRun]] = {}
-    transport: dict = {}
-    for mode in config.modes:
-        if mode == "stack":
-            runs_by_mode[mode], transport = _run_stack(config, settings)
-            continue
-        generate_one = _generator_for(mode, target, settings, runs_by_mode.get("ar", []), encoded)
-        runs_by_mode[mode] = run_mode(mode, generate_one, config.prompts, [encoded[p.id] for p in config.prompts],
-                                      options, repeat=config.repeat, warmup=config.warmup,
-                                      progress=config.progress)
+    if config.report_only and not (out_dir / JOURNAL_NAME).is_file():
+        raise ValueError(f"--report-only: no {JOURNAL_NAME} in {out_dir} to report on")
+    journal = Journal(out_dir / JOURNAL_NAME, config.fingerprint(target.name), resume=config.resume or config.report_only)
+    with ExitStack() as resources:
+        modes: dict[str, RunPrompt] = {}
+        books: list[ReferenceBook] = []
+        for mode in config.modes:
+            if mode == "stack":
+                modes[mode] = _stack_mode(config, settings, resources)
+                continue
+            modes[mode], book = _in_process_mode(mode, target, settings)
+            books += [book] if book is not None else []
+
+        def feed_books(run: PromptRun) -> None:  # synthetic drafts replay ar's greedy output
+            if run.mode == "ar":
+                for book in books:
+                    book.add(encoded[run.prompt.id], run.result.token_ids)
+
+        def run_all() -> dict[str, list[PromptRun]]:
+            return run_interleaved(modes, stratified(config.prompts), encoded, options, repeat=config.repeat,
+                                   warmup=config.warmup, progress=config.progress, journal=journal, after=feed_books,
+                                   journalled_only=config.report_only)
+
+        if "stack" in modes and not config.report_only:
+            runs_by_mode, transport = _stack_overheads(settings, run_all)
+        else:
+            runs_by_mode, transport = run_all(), {}
+    if not any(runs_by_mode.values()):
+        raise ValueError(f"the journal in {out_dir} holds no prompt in every mode of {', '.join(config.modes)}")
     mismatches: dict[str, list[str]] = {}
     if "ar" in runs_by_mode:
         for mode, runs in runs_by_mode.items():
@@ -154,7 +192,7 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
                   f"verification ({pipe['hidden_fraction']:.0%}); {pipe['speculation_hits']:.0f} of "
                   f"{pipe['speculations']:.0f} speculated blocks used ({pipe['speculation_hit_rate']:.0%})\n")
     (out_dir / "results.md").write_text(table)
-    files = [out_dir / "results.json", out_dir / "results.md"]
+    files = [out_dir / "results.json", out_dir / "results.md", journal.path]
     files += [path for path in (plot_speedup(rows, out_dir / "speedup_per_category.png"),
                                 plot_acceptance_per_position(rows, out_dir / "acceptance_per_position.png")) if path]
     ours = {mode: ids for mode, ids in mismatches.items() if ids and not mode.startswith("hf-")}

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
+from services.bench.journal import Journal
 from services.bench.prompts import BenchPrompt
 from services.engine import GenerationOptions, GenerationResult
 
 logger = logging.getLogger(__name__)
 
-GenerateOne = Callable[[Sequence[int], GenerationOptions], GenerationResult]
 
 
 @dataclass
@@ -25,23 +25,61 @@ class PromptRun:
     rouge_l: float | None = None  # ROUGE-L F1 of the text against the ar run's
 
 
-def run_mode(
-    mode: str,
-    generate_one: GenerateOne,
+RunPrompt = Callable[[BenchPrompt, list[int], GenerationOptions], GenerationResult]  # one mode: a prompt -> result
+
+
+def stratified(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """Round-robin over categories (first of each, then second of each, ...), so that any prefix
+    of a run is a balanced sample of the set: an interrupted run still reads as a whole."""
+    seen: dict[str, int] = {}
+    ranked = []
+    for position, prompt in enumerate(prompts):
+        rank = seen.get(prompt.category, 0)
+        seen[prompt.category] = rank + 1
+        ranked.append((rank, position, prompt))
+    return [prompt for _, _, prompt in sorted(ranked, key=lambda item: item[:2])]
+
+
+def run_interleaved(
+    modes: dict[str, RunPrompt],
     prompts: list[BenchPrompt],
-    encoded: list[list[int]],
+    encoded: dict[str, list[int]],
     options: GenerationOptions,
     *,
     repeat: int = 1,
     warmup: int = 1,
     progress: bool = True,
-) -> list[PromptRun]:
-    for prompt_ids in encoded[:warmup]:
-        generate_one(prompt_ids, replace(options, max_new_tokens=8))
-    runs: list[PromptRun] = []
-    for prompt, prompt_ids in tqdm(list(zip(prompts, encoded)), desc=mode, disable=not progress, leave=False):
-        for _ in range(repeat):
-            runs.append(PromptRun(mode, prompt, generate_one(prompt_ids, options)))
+    journal: Journal | None = None,
+    after: Callable[[PromptRun], None] | None = None,
+    journalled_only: bool = False,
+) -> dict[str, list[PromptRun]]:
+    """Every mode on prompt 1, then every mode on prompt 2, ...: a slow drift of the machine's speed
+    hits all modes alike. Runs the journal already holds are reused, not rerun; after(run) sees each run.
+    journalled_only: run nothing, keep the prompts the journal holds in every mode (an interrupted run's report)."""
+    def done(mode: str, prompt: BenchPrompt) -> list[GenerationResult]:
+        return journal.done(mode, prompt.id)[:repeat] if journal else []
+
+    if journalled_only:
+        prompts = [prompt for prompt in prompts if all(len(done(mode, prompt)) == repeat for mode in modes)]
+
+    runs: dict[str, list[PromptRun]] = {mode: [] for mode in modes}
+    warm: set[str] = set()
+    for prompt in tqdm(prompts, desc="prompts", disable=not progress, leave=False):
+        for mode, run_prompt in modes.items():
+            results = done(mode, prompt)
+            if len(results) < repeat and mode not in warm:  # warm-up runs (8 tokens) before a mode's first run
+                warm.add(mode)
+                for _ in range(warmup):
+                    run_prompt(prompt, encoded[prompt.id], replace(options, max_new_tokens=8))
+            for _ in range(repeat - len(results)):
+                result = run_prompt(prompt, encoded[prompt.id], options)
+                if journal is not None:
+                    journal.record(mode, prompt.id, result)
+                results.append(result)
+            for result in results:
+                runs[mode].append(PromptRun(mode, prompt, result))
+                if after is not None:
+                    after(runs[mode][-1])
     return runs
 
 

@@ -8,10 +8,8 @@ import time
 from dataclasses import replace
 
 import httpx
-from tqdm import tqdm
 
 from services.bench.prompts import BenchPrompt
-from services.bench.runner import PromptRun
 from services.engine import GenerationOptions, GenerationResult
 from services.speculative.stats import SpecDecodingStats
 
@@ -66,19 +64,6 @@ def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: Gene
         finish_reason=finish_reason, stats=_stats(usage.get("mirror_sd", {})), draft="stack",
         ttft_s=ttft or total, total_s=total,
     )
-
-
-def run_stack(url: str, api_key: str | None, model: str, prompts: list[BenchPrompt], options: GenerationOptions,
-              *, repeat: int = 1, warmup: int = 1, progress: bool = True) -> list[PromptRun]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    runs: list[PromptRun] = []
-    with httpx.Client(base_url=url, headers=headers, timeout=600) as client:
-        for prompt in prompts[:warmup]:
-            run_one(client, model, prompt, replace(options, max_new_tokens=8))
-        for prompt in tqdm(prompts, desc="stack", disable=not progress, leave=False):
-            for _ in range(repeat):
-                runs.append(PromptRun("stack", prompt, run_one(client, model, prompt, options)))
-    return runs
 
 
 def transport_samples(redis_url: str) -> list[float]:

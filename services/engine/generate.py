@@ -54,6 +54,14 @@ class GenerationResult:
             "stats": self.stats.to_dict(),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "GenerationResult":
+        """Inverse of to_dict (a bench journal line back into a result)."""
+        return cls(text=data["text"], token_ids=list(data["token_ids"]), prompt_tokens=data["prompt_tokens"],
+                   finish_reason=data["finish_reason"], stats=SpecDecodingStats.from_dict(data["stats"]),
+                   draft=data["draft"], ttft_s=data["ttft_s"], total_s=data["total_s"],
+                   draft_s=data.get("draft_s", 0.0), verify_s=data.get("verify_s", 0.0))
+
 
 def generate(
     target: LoadedModel,

@@ -30,6 +30,7 @@ class LoadedModel:
     tokenizer: object | None  # a transformers tokenizer, or None for id-only models
     precision: str = "fp32"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    layout: str = "transposed"  # of fp32 CPU Linear weights (linear_layout.py)
 
     @property
     def config(self):
@@ -56,8 +57,8 @@ class LoadedModel:
 
     def with_precision(self, precision: str) -> "LoadedModel":
         """A copy of this model at another precision (the self-draft)."""
-        model = apply_precision(copy.deepcopy(self.model), precision, self.device)
-        return LoadedModel(f"{self.name}@{precision}", model, self.tokenizer, precision, self.device)
+        model = apply_precision(copy.deepcopy(self.model), precision, self.device, layout=self.layout)
+        return LoadedModel(f"{self.name}@{precision}", model, self.tokenizer, precision, self.device, self.layout)
 
 
 def _gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
@@ -89,6 +90,7 @@ def load_model(
     precision: str = "fp32",
     device: str | torch.device = "cpu",
     cache_dir: Path | None = None,
+    layout: str | None = None,
 ) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,6 +99,7 @@ def load_model(
     # Run-time loads never touch the network, whatever the caller's environment.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cache_dir = cache_dir or get_settings().cache_dir
+    layout = layout or get_settings().cpu_weight_layout
     device = torch.device(device)
     name, source = resolve_model_dir(spec, cache_dir)
     try:
@@ -112,9 +115,9 @@ def load_model(
     except (OSError, ValueError, TypeError):
         logger.warning("model %s has no tokenizer; it accepts token ids only", spec)
         tokenizer = None
-    model = apply_precision(model, precision, device)
+    model = apply_precision(model, precision, device, layout=layout)
     logger.info("loaded %s (%s) at %s on %s", name, source, precision, device)
-    return LoadedModel(name, model, tokenizer, precision, device)
+    return LoadedModel(name, model, tokenizer, precision, device, layout)
 
 
 def _vocab(loaded: LoadedModel) -> dict[str, int] | None:

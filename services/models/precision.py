@@ -1,7 +1,8 @@
 """Run a model at fp32, bf16, fp16 or int8 (dynamic quantisation of Linear layers, CPU).
 
 Norm layers always compute in fp32: low-precision RMSNorm statistics are
-where reduced-precision drafts lose agreement first.
+where reduced-precision drafts lose agreement first. fp32 on CPU stores its
+Linear weights transposed by default (see linear_layout.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from services.errors import PrecisionError
+from services.models.linear_layout import LAYOUTS, restore_linears, transpose_linears
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,16 @@ def _keep_norms_fp32(model: nn.Module) -> None:
                 setattr(parent, name, Fp32Norm(child))
 
 
-def apply_precision(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
-    """Returns the model (possibly a new object) at `precision` on `device`, in eval mode."""
+def apply_precision(model: nn.Module, precision: str, device: torch.device, *,
+                    layout: str = "transposed") -> nn.Module:
+    """Returns the model (possibly a new object) at `precision` on `device`, in eval mode.
+
+    layout: "transposed" stores fp32 CPU Linear weights [in, out] (faster block verification), "native" as loaded."""
     if precision not in PRECISIONS:
         raise PrecisionError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if layout not in LAYOUTS:
+        raise PrecisionError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    restore_linears(model)  # a copy of a transposed model: quantisation and casts want plain Linear layers
     model = model.to(device)
     if precision == "int8":
         if device.type != "cpu":
@@ -59,4 +67,6 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device) -> n
         _keep_norms_fp32(model)
     else:
         model = model.float()
+        if layout == "transposed" and device.type == "cpu":
+            transpose_linears(model)
     return model.eval()

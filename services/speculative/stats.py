@@ -89,3 +89,10 @@ class SpecDecodingStats:
             "tokens_per_target_call": self.tokens_per_target_call,
             "acceptance_rate_per_pos": self.acceptance_rate_per_pos,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SpecDecodingStats":
+        """Inverse of to_dict (the derived rates are recomputed, not read)."""
+        return cls(**{name: data[name] for name in (
+            "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
+            "num_draft_tokens_per_pos", "num_accepted_tokens_per_pos")})

@@ -88,3 +88,64 @@ def test_cost_policy_bench_stays_lossless(bench_setup):
     bad = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts),
                                    "--block-policy", "fastest"])
     assert bad.exit_code != 0 and "'fastest'" in bad.output
+
+
+def _journal(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()[1:]]
+
+
+def test_an_interrupted_bench_resumes_from_its_journal(bench_setup):
+    root, target, _, prompts = bench_setup
+    out = root / "resumed"
+    common = ["bench", "--target", str(target), "--prompts", str(prompts), "-n", "10", "--no-chat", "--no-progress",
+              "--threads", "1", "--out", str(out)]
+    first = CliRunner().invoke(app, [*common, "--modes", "ar", "--limit", "2"])
+    assert first.exit_code == 0, first.output
+    ar_runs = {run["prompt_id"]: run["result"] for run in _journal(out)}
+    assert sorted(ar_runs) == ["1", "2"]
+    with (out / "runs.jsonl").open("a") as handle:  # the interruption cut the last line short
+        handle.write('{"mode": "ar", "prompt_id": "3", "resu')
+    second = CliRunner().invoke(app, [*common, "--modes", "ar,sd:ngram", "--resume"])
+    assert second.exit_code == 0, second.output
+    journal = _journal(out)
+    assert [(run["mode"], run["prompt_id"]) for run in journal] == [  # only what was missing, prompt by prompt
+        ("ar", "1"), ("ar", "2"), ("sd:ngram", "1"), ("sd:ngram", "2"), ("ar", "3"), ("sd:ngram", "3")]
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    for run in runs:  # journalled runs come back as they were: same tokens, same timings
+        if run["mode"] == "ar" and run["id"] in ar_runs:
+            assert run["token_ids"] == ar_runs[run["id"]]["token_ids"]
+            assert run["total_s"] == ar_runs[run["id"]]["total_s"]
+        assert run["matches_ar"] in (None, True)
+    partial = CliRunner().invoke(app, [*common, "--modes", "ar,hf-lookup:3", "--report-only"])
+    assert partial.exit_code != 0 and "holds no prompt in every mode" in partial.output  # and it ran nothing
+    assert len(_journal(out)) == 6
+    report = CliRunner().invoke(app, [*common, "--modes", "sd:ngram,ar", "--report-only", "--limit", "2"])
+    assert report.exit_code == 0, report.output
+    assert sorted(run["id"] for run in json.loads((out / "results.json").read_text())["runs"]) == ["1", "1", "2", "2"]
+    assert len(_journal(out)) == 6
+    fresh = CliRunner().invoke(app, [*common, "--modes", "ar", "--limit", "1"])  # no --resume: starts over
+    assert fresh.exit_code == 0 and [run["prompt_id"] for run in _journal(out)] == ["1"]
+
+
+def test_resuming_under_other_settings_is_refused(bench_setup):
+    root, target, _, prompts = bench_setup
+    out = root / "refused"
+    common = ["bench", "--target", str(target), "--prompts", str(prompts), "--no-chat", "--no-progress",
+              "--limit", "1", "--modes", "ar", "--out", str(out)]
+    assert CliRunner().invoke(app, [*common, "-n", "6"]).exit_code == 0
+    result = CliRunner().invoke(app, [*common, "-n", "7", "--resume"])
+    assert result.exit_code != 0 and "max_new_tokens" in result.output and "--resume" in result.output
+    assert len(_journal(out)) == 1  # nothing lost
+
+
+def test_models_profile_prints_the_verify_curve_per_layout(bench_setup):
+    _, target, draft, _ = bench_setup
+    result = CliRunner().invoke(app, ["models", "profile", "--target", str(target), "--layout", "native,transposed",
+                                      "--draft", str(draft), "--repeats", "2", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    curves = json.loads(result.output)
+    for layout in ("native", "transposed"):
+        assert sorted(curves[layout]) == sorted([f"verify_ms_{n}" for n in range(1, 10)] + ["draft_ms_per_token"])
+        assert all(value > 0 for value in curves[layout].values())
+    bad = CliRunner().invoke(app, ["models", "profile", "--target", str(target), "--layout", "blocked"])
+    assert bad.exit_code != 0 and "--layout 'blocked'" in bad.output

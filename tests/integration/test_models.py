@@ -9,6 +9,7 @@ from torch import nn
 from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatchError
 from services.models.drafters import load_draft_source
 from services.models.loading import check_same_tokenizer, load_model
+from services.models.linear_layout import TransposedLinear
 from services.models.precision import Fp32Norm, apply_precision
 from tests.conftest import WORDS, build_tiny_llama, save_tiny_model
 
@@ -90,3 +91,33 @@ def test_unknown_or_unsupported_precision(tiny_target):
         apply_precision(tiny_target.model, "int4", torch.device("cpu"))
     with pytest.raises(PrecisionError, match="runs on CPU only"):
         apply_precision(build_tiny_llama(0).model, "int8", torch.device("meta"))
+
+
+def test_transposed_layout_computes_what_native_does_and_keeps_the_linear_face(tiny_dirs):
+    native = load_model(str(tiny_dirs["target"]), layout="native")
+    transposed = load_model(str(tiny_dirs["target"]), layout="transposed")
+    assert not any(isinstance(m, TransposedLinear) for m in native.model.modules())
+    layers = [m for m in transposed.model.modules() if isinstance(m, TransposedLinear)]
+    assert len(layers) == 2 * 7 + 1  # q k v o gate up down per layer, plus the head
+    assert not any(type(m) is nn.Linear for m in transposed.model.modules())
+    tokens = torch.tensor([[3, 9, 4, 20, 11, 7, 5, 30, 6]])
+    with torch.inference_mode():  # one block of 9 rows: where the layouts take different kernels
+        expected, got = native.model(tokens).logits, transposed.model(tokens).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    native_state, transposed_state = native.model.state_dict(), transposed.model.state_dict()
+    assert native_state.keys() == transposed_state.keys()  # readers (distillation, copies) see nn.Linear's names
+    for key, tensor in native_state.items():
+        torch.testing.assert_close(transposed_state[key], tensor, rtol=0, atol=0)
+    head = transposed.model.get_output_embeddings()
+    assert head.weight.shape == (head.out_features, head.in_features)
+    restored = transposed.with_precision("fp32")  # a copy keeps the layout; int8 and bf16 get plain layers
+    assert any(isinstance(m, TransposedLinear) for m in restored.model.modules())
+    other = load_model(str(tiny_dirs["draft"]), layout="native")
+    transposed.model.load_state_dict(other.model.state_dict())  # loading goes through the [out, in] names too
+    with torch.inference_mode():
+        torch.testing.assert_close(transposed.model(tokens).logits, other.model(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_layout_is_a_clear_error(tiny_target):
+    with pytest.raises(PrecisionError, match="unknown weight layout 'blocked'"):
+        apply_precision(build_tiny_llama(0).model, "fp32", torch.device("cpu"), layout="blocked")

@@ -304,3 +304,28 @@ def test_metrics_parse_and_match_the_requests_sent(stack, client):
     assert after["mirror_sd:worker_sessions"] >= 0 and "mirror_sd:worker_utilization" in after
     telemetry = client.get("/v1/telemetry").json()
     assert {w["role"] for w in telemetry["workers"]} == {"draft", "verify"}
+
+
+def test_bench_stack_mode_matches_ar_and_reads_the_workers_overheads(stack, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": "open-1", "category": "chat", "prompt": "Name three colours.", "context_chars": 0},
+            {"id": "grounded-1", "category": "qa", "context_chars": 60,
+             "prompt": "Text: The river Lune flows through Lancaster to the sea.\nWhich city does the Lune flow through?"}]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("MIRROR_SD_REDIS_URL", stack.redis_url)  # where the draft workers record transport
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), "--modes", "ar,stack", "--url", stack.base_url,
+                                      "--api-key", stack.create_key("normal"), "-n", "16", "--threads", "1",
+                                      "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "MISMATCH" not in result.output
+    data = json.loads((out / "results.json").read_text())
+    stack_runs = [run for run in data["runs"] if run["mode"] == "stack"]
+    assert sorted(run["id"] for run in stack_runs) == ["grounded-1", "open-1"]
+    assert all(run["matches_ar"] and run["completion_tokens"] > 0 for run in stack_runs)
+    assert sum(run["stats"]["num_target_calls"] for run in stack_runs) > 0
+    assert data["meta"]["transport_overhead"]["rounds"] > 0

@@ -126,3 +126,12 @@ def test_plots_are_png_files(tmp_path):
     for path in (plot_speedup(rows, tmp_path / "s.png"), plot_acceptance_per_position(rows, tmp_path / "a.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_speedup(build_report({"ar": ar}), tmp_path / "none.png") is None
+
+
+def test_stratified_order_round_robins_categories_keeping_their_order():
+    from services.bench.prompts import BenchPrompt
+    from services.bench.runner import stratified
+
+    prompts = [BenchPrompt(f"{category}{index}", category, "p") for category, count in (("chat", 3), ("qa", 1), ("code", 2))
+               for index in range(count)]
+    assert [p.id for p in stratified(prompts)] == ["chat0", "qa0", "code0", "chat1", "code1", "chat2"]

@@ -1,0 +1,92 @@
+"""Linear weights stored transposed for CPU inference: one layout that is fast for 1 token and for a block.
+
+`nn.Linear` computes x @ W.T with W stored [out, in]. For a single row
+(autoregressive decoding) MKL's fp32 kernels are fine either way, but from
+4 rows on (verifying a draft block) its x @ W.T path is 2-10x slower than
+x @ W_t with W_t stored [in, out] contiguous, on this project's 2-core
+Xeon: one 576x576 projection over 5 rows 0.21 ms vs 0.017 ms, the 49152-word
+head 11.6 ms vs 8.7 ms. Over the whole SmolLM2-135M forward that is
+95 -> 70 ms for 5 tokens and 129 -> 92 ms for 9, with 1 token unchanged
+(`mirror-sd models profile` shows the curve). Same weights, same math: only
+the memory layout differs, so outputs agree to float rounding and greedy
+output stays identical to target-only decoding (tested).
+
+A transposed layer keeps nn.Linear's face for readers: `.weight` is the
+[out, in] view and its state dict holds `weight`, so code that copies layers
+or reads the head (distillation) works unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+LAYOUTS = ("transposed", "native")
+
+
+class TransposedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)  # [in, out]
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The [out, in] weight nn.Linear would hold (a view)."""
+        return self.weight_t.t()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs = torch.matmul(inputs, self.weight_t)
+        return outputs if self.bias is None else outputs + self.bias
+
+    def to_linear(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           device=self.weight_t.device, dtype=self.weight_t.dtype)
+        linear.weight = nn.Parameter(self.weight.contiguous(), requires_grad=False)
+        if self.bias is not None:
+            linear.bias = self.bias
+        return linear
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        weight = self.weight if keep_vars else self.weight.detach()
+        destination[prefix + "weight"] = weight.contiguous()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        for name in ("weight", "bias") if self.bias is not None else ("weight",):
+            key = prefix + name
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            with torch.no_grad():
+                if name == "weight":
+                    self.weight_t.copy_(state_dict[key].t())
+                else:
+                    self.bias.copy_(state_dict[key])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, transposed"
+
+
+def _replace_children(model: nn.Module, wanted: type, convert) -> int:
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is wanted:
+                setattr(parent, name, convert(child))
+                replaced += 1
+    return replaced
+
+
+def transpose_linears(model: nn.Module) -> int:
+    """Store every plain nn.Linear of model transposed (in place); returns how many."""
+    return _replace_children(model, nn.Linear, TransposedLinear)
+
+
+def restore_linears(model: nn.Module) -> int:
+    """Back to plain nn.Linear layers (before quantisation or a dtype change); returns how many."""
+    return _replace_children(model, TransposedLinear, TransposedLinear.to_linear)
