@@ -184,10 +184,11 @@ def bench(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
     block_policy: Annotated[str | None, typer.Option("--block-policy", help="acceptance or cost (default: settings)")] = None,
     out: Annotated[str, typer.Option(help="folder for results.json, results.md, the PNG plots and the runs journal")] = "bench-results",
-    resume: Annotated[bool, typer.Option("--resume/--fresh", help="reuse the runs journalled in --out by an interrupted run with the same settings")] = False,
+    resume: Annotated[bool | None, typer.Option("--resume/--fresh", help="continue the runs journalled in --out by an interrupted run with the same settings, or start over (default: refuse to replace a journal that holds runs)")] = None,
     report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: report the prompts the journal in --out holds in every mode")] = False,
     url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", help="the stack's Redis, for transport and drafting figures (default: settings)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar."""
     from pathlib import Path
@@ -210,7 +211,7 @@ def bench(
             prompts=select_prompts(load_prompts(Path(prompts)), limit=limit, per_group=per_group,
                                    categories=categories.split(",") if categories else None),
             sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
-            max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key,
+            max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key, redis_url=redis_url,
             chat=chat, progress=progress, resume=resume, report_only=report_only,
             meta={"prompts": prompts, "threads": threads or settings.num_threads,
                   "block_policy": settings.speculative.block_policy},
@@ -625,6 +626,8 @@ def models_profile(
     for layout in chosen:
         if layout not in LAYOUTS:
             _fail(f"--layout {layout!r}: choose from {', '.join(LAYOUTS)}")
+    if len(chosen) > 1 and (settings.target_precision != "fp32" or settings.device != "cpu"):
+        _fail(f"layouts differ for fp32 on cpu only, not {settings.target_precision} on {settings.device}")
     _setup(threads or settings.num_threads, False)
     results: dict[str, dict[str, float]] = {}
     try:

@@ -16,7 +16,7 @@ from services.bench.prompts import BenchPrompt
 from services.bench.report import build_report, to_json, to_markdown
 from services.bench.runner import PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l, stratified
 from services.config import Settings
-from services.engine import GenerationOptions, generate
+from services.engine import GenerationOptions, GenerationResult, generate
 from services.engine.profile import measure_cost_model, measure_verify_profile
 from services.models.drafters import load_draft_source
 from services.models.drafters.synthetic import ReferenceBook
@@ -57,18 +57,24 @@ class BenchConfig:
     warmup: int = 1
     url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
+    redis_url: str | None = None  # where the stack's draft workers record transport and drafting time
     chat: bool = True
     progress: bool = True
-    resume: bool = False  # reuse the runs journalled in the output folder by an interrupted run
+    resume: bool | None = None  # True: continue the journal in the output folder; False: replace it;
+    # None: start one, refusing to replace a journal that holds runs
     report_only: bool = False  # run nothing: report the prompts the journal holds in every mode
     meta: dict = field(default_factory=dict)
 
-    def fingerprint(self, target: str) -> dict:
-        """What must match for journalled runs to be reused (modes and prompts may differ: they are per run)."""
-        return {"target": target, "max_new_tokens": self.max_new_tokens, "chat": self.chat,
+    def fingerprint(self, target: LoadedModel, settings: Settings) -> dict:
+        """What must match for journalled runs to be reused (modes and prompts may differ: they are per run,
+        and each run carries its prompt's hash)."""
+        return {"target": target.name, "precision": target.precision, "layout": target.layout,
+                "device": str(target.device), "draft_precision": settings.draft_precision,
+                "max_new_tokens": self.max_new_tokens, "chat": self.chat,
                 "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
-                "top_k": self.sampling.top_k, "seed": self.sampling.seed,
-                "threads": self.meta.get("threads"), "block_policy": self.meta.get("block_policy")}
+                "top_k": self.sampling.top_k, "seed": self.sampling.seed, "threads": self.meta.get("threads"),
+                "prefill_chunk_size": settings.prefill_chunk_size,
+                "speculative": settings.speculative.model_dump(mode="json")}
 
 
 @dataclass
@@ -89,7 +95,7 @@ def _stack_mode(config: BenchConfig, settings: Settings, resources: ExitStack) -
     return lambda prompt, _prompt_ids, options: run_one(client, settings.target, prompt, options)
 
 
-def _stack_overheads(settings: Settings, run: Callable[[], dict[str, list[PromptRun]]]) -> tuple[dict, dict]:
+def _stack_overheads(redis_url: str, run: Callable[[], dict[str, list[PromptRun]]]) -> tuple[dict, dict]:
     """Run, and read what the draft workers recorded meanwhile: transport per round, drafting hidden."""
     from services.bench.stack_client import (
         draft_timing,
@@ -100,14 +106,18 @@ def _stack_overheads(settings: Settings, run: Callable[[], dict[str, list[Prompt
     )
     from services.protocol import TRANSPORT_SAMPLES_MAX
 
-    before = len(transport_samples(settings.redis_url))
-    timing_before = draft_timing(settings.redis_url)
+    before = len(transport_samples(redis_url))
+    timing_before = draft_timing(redis_url)
     runs = run()
-    samples = transport_samples(settings.redis_url)
+    samples = transport_samples(redis_url)
     fresh = samples[: max(0, len(samples) - before)] if before < TRANSPORT_SAMPLES_MAX else samples
     return runs, {"rounds": len(fresh), "p50_ms": percentile(fresh, 0.5), "p99_ms": percentile(fresh, 0.99),
-                  "draft_ms_per_token": fleet_draft_ms_per_token(settings.redis_url),
-                  "pipeline": pipeline_summary(timing_before, draft_timing(settings.redis_url))}
+                  "draft_ms_per_token": fleet_draft_ms_per_token(redis_url),
+                  "pipeline": pipeline_summary(timing_before, draft_timing(redis_url))}
+
+
+def _never_run(prompt: BenchPrompt, _prompt_ids: list[int], _options: GenerationOptions) -> GenerationResult:
+    raise AssertionError(f"--report-only ran {prompt.id}")
 
 
 def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tuple[RunPrompt, ReferenceBook | None]:
@@ -134,18 +144,19 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
                                 speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
-    if config.report_only and not (out_dir / JOURNAL_NAME).is_file():
-        raise ValueError(f"--report-only: no {JOURNAL_NAME} in {out_dir} to report on")
-    journal = Journal(out_dir / JOURNAL_NAME, config.fingerprint(target.name), resume=config.resume or config.report_only)
     with ExitStack() as resources:
         modes: dict[str, RunPrompt] = {}
         books: list[ReferenceBook] = []
-        for mode in config.modes:
-            if mode == "stack":
+        for mode in config.modes:  # every runner is built before the journal is touched: a bad mode loses nothing
+            if config.report_only:
+                modes[mode] = _never_run
+            elif mode == "stack":
                 modes[mode] = _stack_mode(config, settings, resources)
-                continue
-            modes[mode], book = _in_process_mode(mode, target, settings)
-            books += [book] if book is not None else []
+            else:
+                modes[mode], book = _in_process_mode(mode, target, settings)
+                books += [book] if book is not None else []
+        journal = Journal(out_dir / JOURNAL_NAME, config.fingerprint(target, settings), resume=config.resume,
+                          read_only=config.report_only)
 
         def feed_books(run: PromptRun) -> None:  # synthetic drafts replay ar's greedy output
             if run.mode == "ar":
@@ -158,11 +169,17 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
                                    journalled_only=config.report_only)
 
         if "stack" in modes and not config.report_only:
-            runs_by_mode, transport = _stack_overheads(settings, run_all)
+            runs_by_mode, transport = _stack_overheads(config.redis_url or settings.redis_url, run_all)
         else:
             runs_by_mode, transport = run_all(), {}
     if not any(runs_by_mode.values()):
         raise ValueError(f"the journal in {out_dir} holds no prompt in every mode of {', '.join(config.modes)}")
+    return _report(config, target, runs_by_mode, transport, out_dir, journal.path)
+
+
+def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, list[PromptRun]], transport: dict,
+            out_dir: Path, journal_path: Path) -> BenchOutcome:
+    """Greedy checks and ROUGE-L against ar, then results.json, results.md and the plots."""
     mismatches: dict[str, list[str]] = {}
     if "ar" in runs_by_mode:
         for mode, runs in runs_by_mode.items():
@@ -174,7 +191,8 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     overrides = {"stack": transport["draft_ms_per_token"]} if transport.get("draft_ms_per_token") is not None else {}
     verify_curve = CostModel.from_profile(measure_verify_profile(target))  # the target's cost curve, here
     rows = build_report(runs_by_mode, overrides, verify_curve)
-    meta = {**config.meta, "modes": config.modes, "num_prompts": len(config.prompts), "target": target.name,
+    num_prompts = len({run.prompt.id for runs in runs_by_mode.values() for run in runs})
+    meta = {**config.meta, "modes": config.modes, "num_prompts": num_prompts, "target": target.name,
             "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
             "seed": config.sampling.seed, "repeat": config.repeat, "verify_ms": verify_curve.verify_ms}
     if transport:
@@ -185,14 +203,15 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     table = to_markdown(ordered)
     if transport and transport["p50_ms"] is not None:
         table += (f"\nstack transport overhead per round (round trip minus verify time): p50 "
-                  f"{transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds\n")
+                  f"{transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over {transport['rounds']} rounds "
+                  "(the stack runs of this invocation, not journalled ones)\n")
     if transport.get("pipeline", {}).get("drafting_s"):
         pipe = transport["pipeline"]
         table += (f"pipelined drafting: {pipe['hidden_s']:.2f} s of {pipe['drafting_s']:.2f} s drafting hidden behind "
                   f"verification ({pipe['hidden_fraction']:.0%}); {pipe['speculation_hits']:.0f} of "
                   f"{pipe['speculations']:.0f} speculated blocks used ({pipe['speculation_hit_rate']:.0%})\n")
     (out_dir / "results.md").write_text(table)
-    files = [out_dir / "results.json", out_dir / "results.md", journal.path]
+    files = [out_dir / "results.json", out_dir / "results.md", journal_path]
     files += [path for path in (plot_speedup(rows, out_dir / "speedup_per_category.png"),
                                 plot_acceptance_per_position(rows, out_dir / "acceptance_per_position.png")) if path]
     ours = {mode: ids for mode, ids in mismatches.items() if ids and not mode.startswith("hf-")}

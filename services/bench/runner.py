@@ -15,7 +15,6 @@ from services.engine import GenerationOptions, GenerationResult
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class PromptRun:
     mode: str  # "ar", "sd:<draft>", "hf-assisted:<draft>", "hf-lookup:<n>", "stack"
@@ -57,7 +56,7 @@ def run_interleaved(
     hits all modes alike. Runs the journal already holds are reused, not rerun; after(run) sees each run.
     journalled_only: run nothing, keep the prompts the journal holds in every mode (an interrupted run's report)."""
     def done(mode: str, prompt: BenchPrompt) -> list[GenerationResult]:
-        return journal.done(mode, prompt.id)[:repeat] if journal else []
+        return journal.done(mode, prompt.id, encoded[prompt.id])[:repeat] if journal else []
 
     if journalled_only:
         prompts = [prompt for prompt in prompts if all(len(done(mode, prompt)) == repeat for mode in modes)]
@@ -74,7 +73,7 @@ def run_interleaved(
             for _ in range(repeat - len(results)):
                 result = run_prompt(prompt, encoded[prompt.id], options)
                 if journal is not None:
-                    journal.record(mode, prompt.id, result)
+                    journal.record(mode, prompt.id, encoded[prompt.id], result)
                 results.append(result)
             for result in results:
                 runs[mode].append(PromptRun(mode, prompt, result))
@@ -102,4 +101,5 @@ def score_rouge_l(runs: list[PromptRun], ar_runs: list[PromptRun]) -> None:
     reference = {run.prompt.id: run.result.text for run in ar_runs}
     for run in runs:
         if run.prompt.id in reference:
-            run.rouge_l = scorer.score(reference[run.prompt.id], run.result.text)["rougeL"].fmeasure
+            same = run.result.text == reference[run.prompt.id]  # rouge-score drops non-ASCII words: "" vs "" is 0
+            run.rouge_l = 1.0 if same else scorer.score(reference[run.prompt.id], run.result.text)["rougeL"].fmeasure

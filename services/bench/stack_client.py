@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
 
 import httpx
 

@@ -54,13 +54,15 @@ def test_bench_runs_every_mode_and_checks_greedy_equality(bench_setup):
 
 
 def test_bench_refuses_bad_modes_by_name(bench_setup):
-    _, target, _, prompts = bench_setup
+    root, target, _, prompts = bench_setup
+    out = root / "bad"
     result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts),
-                                      "--modes", "ar,turbo"])
+                                      "--modes", "ar,turbo", "--out", str(out)])
     assert result.exit_code != 0 and "unknown mode 'turbo'" in result.output
-    result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts),
+    result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--out", str(out),
                                       "--modes", "ar,hf-assisted:ngram", "--no-progress", "--no-chat", "-n", "4"])
     assert result.exit_code != 0 and "needs a model draft" in result.output
+    assert not out.exists()  # refused before anything was written
 
 
 def test_sampled_bench_scores_rouge_instead_of_failing(bench_setup):
@@ -123,7 +125,16 @@ def test_an_interrupted_bench_resumes_from_its_journal(bench_setup):
     assert report.exit_code == 0, report.output
     assert sorted(run["id"] for run in json.loads((out / "results.json").read_text())["runs"]) == ["1", "1", "2", "2"]
     assert len(_journal(out)) == 6
-    fresh = CliRunner().invoke(app, [*common, "--modes", "ar", "--limit", "1"])  # no --resume: starts over
+    other = root / "other.jsonl"  # another prompt under an id the journal holds: run, not reused
+    other.write_text(json.dumps({"question_id": 1, "category": "words", "turns": ["w9 w8 w7"]}) + "\n")
+    changed = CliRunner().invoke(app, [*common[:4], str(other), *common[5:], "--modes", "ar", "--resume"])
+    assert changed.exit_code == 0, changed.output
+    assert [(run["mode"], run["prompt_id"]) for run in _journal(out)][6:] == [("ar", "1")]
+    bad_mode = CliRunner().invoke(app, [*common, "--modes", "ar,hf-assisted:ngram", "--fresh"])
+    assert bad_mode.exit_code != 0 and len(_journal(out)) == 7  # a refused run replaces nothing
+    kept = CliRunner().invoke(app, [*common, "--modes", "ar", "--limit", "1"])  # neither flag: refuses to replace
+    assert kept.exit_code != 0 and "holds 7 journalled runs" in kept.output and "--fresh" in kept.output
+    fresh = CliRunner().invoke(app, [*common, "--modes", "ar", "--limit", "1", "--fresh"])
     assert fresh.exit_code == 0 and [run["prompt_id"] for run in _journal(out)] == ["1"]
 
 
@@ -134,7 +145,7 @@ def test_resuming_under_other_settings_is_refused(bench_setup):
               "--limit", "1", "--modes", "ar", "--out", str(out)]
     assert CliRunner().invoke(app, [*common, "-n", "6"]).exit_code == 0
     result = CliRunner().invoke(app, [*common, "-n", "7", "--resume"])
-    assert result.exit_code != 0 and "max_new_tokens" in result.output and "--resume" in result.output
+    assert result.exit_code != 0 and "max_new_tokens: 6 then, 7 now" in " ".join(result.output.split())
     assert len(_journal(out)) == 1  # nothing lost
 
 

@@ -110,8 +110,8 @@ def test_transposed_layout_computes_what_native_does_and_keeps_the_linear_face(t
         torch.testing.assert_close(transposed_state[key], tensor, rtol=0, atol=0)
     head = transposed.model.get_output_embeddings()
     assert head.weight.shape == (head.out_features, head.in_features)
-    restored = transposed.with_precision("fp32")  # a copy keeps the layout; int8 and bf16 get plain layers
-    assert any(isinstance(m, TransposedLinear) for m in restored.model.modules())
+    copied = transposed.with_precision("fp32")  # a copy keeps the layout; int8 and bf16 get plain layers
+    assert any(isinstance(m, TransposedLinear) for m in copied.model.modules())
     other = load_model(str(tiny_dirs["draft"]), layout="native")
     transposed.model.load_state_dict(other.model.state_dict())  # loading goes through the [out, in] names too
     with torch.inference_mode():
@@ -121,3 +121,35 @@ def test_transposed_layout_computes_what_native_does_and_keeps_the_linear_face(t
 def test_unknown_layout_is_a_clear_error(tiny_target):
     with pytest.raises(PrecisionError, match="unknown weight layout 'blocked'"):
         apply_precision(build_tiny_llama(0).model, "fp32", torch.device("cpu"), layout="blocked")
+
+
+def test_a_tied_head_is_transposed_apart_and_can_be_tied_again():
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    native = LlamaForCausalLM(config).eval()
+    assert native.lm_head.weight is native.model.embed_tokens.weight
+    transposed = apply_precision(copy.deepcopy(native), "fp32", torch.device("cpu"))
+    tokens = torch.tensor([[3, 9, 4, 20, 11, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(transposed(tokens).logits, native(tokens).logits, rtol=1e-5, atol=1e-5)
+    transposed.tie_weights()  # transformers re-ties (resize_token_embeddings does): the head follows, transposed
+    assert isinstance(transposed.lm_head, TransposedLinear)
+    with torch.inference_mode():
+        torch.testing.assert_close(transposed(tokens).logits, native(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_layers_check_what_they_load():
+    layer = TransposedLinear(nn.Linear(4, 3))
+    with pytest.raises(RuntimeError, match=r"size mismatch for weight.*\(4, 3\).*\(3, 4\)"):
+        layer.load_state_dict({"weight": torch.zeros(4, 3), "bias": torch.zeros(3)})
+    with pytest.raises(RuntimeError, match="Unexpected key.*extra"):
+        layer.load_state_dict({"weight": torch.zeros(3, 4), "bias": torch.zeros(3), "extra": torch.zeros(1)})
+    with pytest.raises(RuntimeError, match="Missing key.*bias"):
+        layer.load_state_dict({"weight": torch.ones(3, 4)})
+    layer.load_state_dict({"weight": torch.arange(12.0).reshape(3, 4), "bias": torch.ones(3)})
+    torch.testing.assert_close(layer(torch.eye(4)), torch.arange(12.0).reshape(3, 4).t() + 1)

@@ -306,7 +306,7 @@ def test_metrics_parse_and_match_the_requests_sent(stack, client):
     assert {w["role"] for w in telemetry["workers"]} == {"draft", "verify"}
 
 
-def test_bench_stack_mode_matches_ar_and_reads_the_workers_overheads(stack, tmp_path, monkeypatch):
+def test_bench_stack_mode_matches_ar_and_reads_the_workers_overheads(stack, tmp_path):
     from typer.testing import CliRunner
 
     from services.cli import app
@@ -316,10 +316,9 @@ def test_bench_stack_mode_matches_ar_and_reads_the_workers_overheads(stack, tmp_
             {"id": "grounded-1", "category": "qa", "context_chars": 60,
              "prompt": "Text: The river Lune flows through Lancaster to the sea.\nWhich city does the Lune flow through?"}]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    monkeypatch.setenv("MIRROR_SD_REDIS_URL", stack.redis_url)  # where the draft workers record transport
     out = tmp_path / "bench"
     result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), "--modes", "ar,stack", "--url", stack.base_url,
-                                      "--api-key", stack.create_key("normal"), "-n", "16", "--threads", "1",
+                                      "--api-key", stack.create_key("normal"), "--redis-url", stack.redis_url, "-n", "16", "--threads", "1",
                                       "--no-progress", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "MISMATCH" not in result.output
