@@ -6,8 +6,8 @@
 x @ W_t with W_t stored [in, out] contiguous, on this project's 2-core
 Xeon: one 576x576 projection over 5 rows 0.21 ms vs 0.017 ms, the 49152-word
 head 11.6 ms vs 8.7 ms. Over the whole SmolLM2-135M forward that is
-95 -> 70 ms for 5 tokens and 129 -> 92 ms for 9, with 1 token unchanged
-(`mirror-sd models profile` shows the curve). Same weights, same math: only
+110 -> 79 ms for 5 tokens and 134 -> 98 ms for 9, 1 token about the same,
+2-3 tokens 6-10 ms dearer (`mirror-sd models profile --layout native,transposed`). Same weights, same math: only
 the memory layout differs, so outputs agree to float rounding and greedy
 output stays identical to target-only decoding (tested).
 
