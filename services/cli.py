@@ -613,10 +613,9 @@ def models_profile(
 ) -> None:
     """Time one target forward over 1..9 tokens here (the verify cost curve the block-length controller reads)."""
     import json
-    import statistics
 
     from services.config import get_settings
-    from services.engine.profile import measure_draft_profile, measure_verify_profile
+    from services.engine.profile import measure_draft_profile, measure_verify_profiles
     from services.models.drafters import load_draft_source
     from services.models.linear_layout import LAYOUTS
     from services.models.loading import load_model
@@ -629,18 +628,12 @@ def models_profile(
     if len(chosen) > 1 and (settings.target_precision != "fp32" or settings.device != "cpu"):
         _fail(f"layouts differ for fp32 on cpu only, not {settings.target_precision} on {settings.device}")
     _setup(threads or settings.num_threads, False)
-    results: dict[str, dict[str, float]] = {}
     try:
         loaded = {layout: load_model(target or settings.target, precision=settings.target_precision,
                                      device=settings.device, layout=layout) for layout in chosen}
-        samples: dict[str, list[dict[str, float]]] = {layout: [] for layout in chosen}
-        for _ in range(repeats):  # layouts take turns, so a drift of this machine's speed hits them alike
+        results = measure_verify_profiles(loaded, context_tokens=context, rounds=repeats)
+        if draft:
             for layout in chosen:
-                samples[layout].append(measure_verify_profile(loaded[layout], context_tokens=context, repeats=1))
-        for layout in chosen:
-            results[layout] = {key: round(statistics.median(sample[key] for sample in samples[layout]), 3)
-                               for key in samples[layout][0]}
-            if draft:
                 source = load_draft_source(draft, loaded[layout], speculative=settings.speculative)
                 results[layout].update(measure_draft_profile(source, loaded[layout].vocab_size,
                                                              context_tokens=context, repeats=repeats))

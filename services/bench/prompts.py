@@ -66,3 +66,15 @@ def select_prompts(
             by_group.setdefault(prompt.group, []).append(prompt)
         chosen = [p for group in sorted(by_group) for p in by_group[group][:per_group]]
     return chosen[:limit] if limit is not None else chosen
+
+
+def stratified(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """Round-robin over categories (first of each, then second of each, ...), so that any prefix
+    of a run is a balanced sample of the set: an interrupted run still reads as a whole."""
+    seen: dict[str, int] = {}
+    ranked = []
+    for position, prompt in enumerate(prompts):
+        rank = seen.get(prompt.category, 0)
+        seen[prompt.category] = rank + 1
+        ranked.append((rank, position, prompt))
+    return [prompt for _, _, prompt in sorted(ranked, key=lambda item: item[:2])]

@@ -12,9 +12,9 @@ from pathlib import Path
 from services.bench.journal import JOURNAL_NAME, Journal
 from services.bench.peers import hf_generate, parse_peer_mode
 from services.bench.plots import plot_acceptance_per_position, plot_speedup
-from services.bench.prompts import BenchPrompt
+from services.bench.prompts import BenchPrompt, stratified
 from services.bench.report import build_report, to_json, to_markdown
-from services.bench.runner import PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l, stratified
+from services.bench.runner import PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l
 from services.config import Settings
 from services.engine import GenerationOptions, GenerationResult, generate
 from services.engine.profile import measure_cost_model, measure_verify_profile

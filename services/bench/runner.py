@@ -27,18 +27,6 @@ class PromptRun:
 RunPrompt = Callable[[BenchPrompt, list[int], GenerationOptions], GenerationResult]  # one mode: a prompt -> result
 
 
-def stratified(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
-    """Round-robin over categories (first of each, then second of each, ...), so that any prefix
-    of a run is a balanced sample of the set: an interrupted run still reads as a whole."""
-    seen: dict[str, int] = {}
-    ranked = []
-    for position, prompt in enumerate(prompts):
-        rank = seen.get(prompt.category, 0)
-        seen[prompt.category] = rank + 1
-        ranked.append((rank, position, prompt))
-    return [prompt for _, _, prompt in sorted(ranked, key=lambda item: item[:2])]
-
-
 def run_interleaved(
     modes: dict[str, RunPrompt],
     prompts: list[BenchPrompt],

@@ -41,6 +41,18 @@ def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, rep
     return profile
 
 
+def measure_verify_profiles(targets: dict[str, LoadedModel], *, context_tokens: int = 64,
+                            rounds: int = 5) -> dict[str, dict[str, float]]:
+    """measure_verify_profile for several models (e.g. weight layouts), taking turns round by round so a
+    drift of this machine's speed hits them alike; per key, the median over rounds."""
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    for _ in range(rounds):
+        for name, target in targets.items():
+            samples[name].append(measure_verify_profile(target, context_tokens=context_tokens, repeats=1))
+    return {name: {key: round(statistics.median(sample[key] for sample in runs), 3) for key in runs[0]}
+            for name, runs in samples.items()}
+
+
 def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_tokens: int = 64,
                           num_draft_tokens: int = 8, repeats: int = 3) -> dict[str, float]:
     """{"draft_ms_per_token": ...}: median ms per proposed token of a fresh session's drafter."""

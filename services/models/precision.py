@@ -53,7 +53,9 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device, *,
         raise PrecisionError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if layout not in LAYOUTS:
         raise PrecisionError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    restore_linears(model)  # a copy of a transposed model: quantisation and casts want plain Linear layers
+    transposed = precision == "fp32" and layout == "transposed" and device.type == "cpu"
+    if not transposed:
+        restore_linears(model)  # a copy of a transposed model: quantisation and casts want plain Linear layers
     model = model.to(device)
     if precision == "int8":
         if device.type != "cpu":
@@ -67,6 +69,6 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device, *,
         _keep_norms_fp32(model)
     else:
         model = model.float()
-        if layout == "transposed" and device.type == "cpu":
-            transpose_linears(model)
+        if transposed:
+            transpose_linears(model)  # only the plain layers: an already transposed copy stays as it is
     return model.eval()

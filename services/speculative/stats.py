@@ -6,7 +6,7 @@ num_accepted_tokens, num_accepted_tokens_per_pos.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -93,6 +93,4 @@ class SpecDecodingStats:
     @classmethod
     def from_dict(cls, data: dict) -> "SpecDecodingStats":
         """Inverse of to_dict (the derived rates are recomputed, not read)."""
-        return cls(**{name: data[name] for name in (
-            "num_target_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-            "num_draft_tokens_per_pos", "num_accepted_tokens_per_pos")})
+        return cls(**{item.name: data[item.name] for item in fields(cls)})

@@ -130,7 +130,7 @@ def test_plots_are_png_files(tmp_path):
 
 def test_stratified_order_round_robins_categories_keeping_their_order():
     from services.bench.prompts import BenchPrompt
-    from services.bench.runner import stratified
+    from services.bench.prompts import stratified
 
     prompts = [BenchPrompt(f"{category}{index}", category, "p") for category, count in (("chat", 3), ("qa", 1), ("code", 2))
                for index in range(count)]
