@@ -1,4 +1,10 @@
-"""The draft worker process: its loaded drafter, Redis, SQL; and one session from start to end."""
+"""The draft worker process: its loaded drafter, Redis, SQL, the session driver; and one task's session.
+
+A task (one request) takes the request's lease, builds its DraftSession from
+the spec and the committed output so far (a redelivered task resumes), hands
+it to the process's driver (draft_worker/driver.py) and waits, renewing the
+lease and reporting progress; then it records the outcome in SQL.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,76 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
+
+import redis
+
+from draft_worker.driver import SessionDriver, SessionFailed
+from draft_worker.session import DraftSession
 from services import protocol
-from services.config import get_settings
+from services.config import Settings, get_settings
+from services.engine.profile import measure_draft_profile
 from services.models.drafters import DraftSource, load_draft_source
 from services.models.drafters.factory import needs_target_weights
 from services.protocol import SessionSpec
-from services.redis_client import connect, read_events
+from services.redis_client import connect, read_events, read_heartbeats
+from services.speculative.cost_model import CostModel
 from services.storage import crud
 from services.storage.db import create_db_engine, session_factory
-from services.engine.profile import measure_draft_profile
-
-from draft_worker.session_loop import LEASE_TTL_S, DraftRuntime, DraftSession, SessionFailed
 
 logger = logging.getLogger(__name__)
+
+LEASE_TTL_S = 10
+COST_REFRESH_S = 10.0
+
+
+@dataclass
+class DraftRuntime:
+    """What a draft worker process loads once and shares across its sessions."""
+
+    settings: Settings
+    client: redis.Redis
+    draft_source: DraftSource
+    worker_id: str
+    db: object = None  # sessionmaker for SQL records; None = no records
+    profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
+    driver: SessionDriver = field(init=False)
+    _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
+
+    def __post_init__(self) -> None:
+        self.driver = SessionDriver(client=self.client, worker_id=self.worker_id,
+                                    verdict_timeout_s=self.settings.worker.verdict_timeout_s)
+        self.driver.start()
+
+    def close(self) -> None:
+        """Stop the driver thread (sessions still running are abandoned; tests and shutdown)."""
+        self.driver.stopping.set()
+        self.driver.join(timeout=5)
+
+    def cost_model(self, pool: str) -> CostModel | None:
+        """For block_policy "cost": the pool's step-cost grid (its verify workers' start-up profiles,
+        averaged) and this worker's draft cost; re-read at most every COST_REFRESH_S."""
+        if self.settings.speculative.block_policy != "cost":
+            return None
+        read_at, cost = self._costs.get(pool, (float("-inf"), None))
+        if time.monotonic() - read_at < COST_REFRESH_S:
+            return cost
+        curves = [beat.profile for beat in read_heartbeats(self.client)
+                  if beat.role == "verify" and beat.pool == pool and beat.profile]
+        keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_"))}
+        merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
+                  for key in keys}
+        cost = CostModel.from_profile(merged, self.profile.get("draft_ms_per_token", 0.0)) if merged else None
+        self._costs[pool] = (time.monotonic(), cost)
+        return cost
+
+    def new_session(self, spec: SessionSpec, events: list) -> DraftSession:
+        return DraftSession(spec, events, drafter=self.draft_source.new_drafter() if spec.route == "sd" else None,
+                            speculative=self.settings.speculative, cost=self.cost_model(spec.pool),
+                            reply_to=protocol.draft_inbox(self.worker_id),
+                            pipelined=self.settings.worker.pipelined_drafting)
 
 
 @lru_cache(maxsize=1)
@@ -87,14 +148,19 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
     spec = SessionSpec.decode(raw_spec)
     if not _acquire_lease(runtime, request_id):
         return {"request_id": request_id, "finish_reason": "already_finished"}
+
+    def tick(progress: dict) -> None:  # off the hot path: the driver thread never waits on this
+        client.set(protocol.lease_key(request_id), runtime.worker_id, ex=LEASE_TTL_S)
+        if report is not None:
+            report(progress)
+
     try:
         events = read_events(client, request_id)
         if events and events[-1].finished:
             return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
         _record(runtime, request_id, status="running", started_at=datetime.now(timezone.utc))
-        session = DraftSession(runtime, spec, events)
         try:
-            summary = session.run(report)
+            summary = runtime.driver.drive(runtime.new_session(spec, events), tick, every_s=LEASE_TTL_S / 4)
         except SessionFailed as exc:
             _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
             raise
@@ -139,7 +205,8 @@ class DraftHeartbeat(threading.Thread):
         while not self.stop.is_set():
             try:
                 beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
-                                          model=runtime.draft_source.spec, profile=runtime.profile)
+                                          model=runtime.draft_source.spec, profile=runtime.profile,
+                                          num_sessions=runtime.driver.num_sessions)
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
             except Exception:

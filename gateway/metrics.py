@@ -53,10 +53,11 @@ class GatewayMetrics:
             if completion_tokens > 1:
                 self.tpot.observe((total_s - ttft_s) / (completion_tokens - 1))
         if event is not None:
-            self.num_drafts.inc(event.num_drafts)
-            self.num_draft_tokens.inc(event.num_draft_tokens)
-            self.num_accepted_tokens.inc(event.num_accepted_tokens)
-            for position, accepted in enumerate(event.num_accepted_tokens_per_pos):
+            stats = event.stats
+            self.num_drafts.inc(stats.num_drafts)
+            self.num_draft_tokens.inc(stats.num_draft_tokens)
+            self.num_accepted_tokens.inc(stats.num_accepted_tokens)
+            for position, accepted in enumerate(stats.num_accepted_tokens_per_pos):
                 self.num_accepted_tokens_per_pos.labels(str(position)).inc(accepted)
 
 
@@ -73,6 +74,8 @@ class FleetCollector:
             "utilization": ("Worker device utilization 0..1", lambda b: b.utilization),
             "queue_depth": ("Blocks waiting in the worker's pool queue", lambda b: b.queue_depth),
             "sessions": ("Sessions held by the worker", lambda b: b.num_sessions),
+            "batch_rows": ("Verify workers: mean rows per target step", lambda b: b.batch_rows if b.role == "verify"
+                           else None),
         }
         for name, (doc, read) in readings.items():
             family = GaugeMetricFamily(f"mirror_sd:worker_{name}", doc, labels=["worker", "role", "pool"])

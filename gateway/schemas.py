@@ -28,6 +28,9 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # vLLM extension, for benchmarks
     return_token_ids: bool = False  # vLLM extension: the output's token ids in the choice
+    # Mirror-SD extension: "ar" asks for plain target decoding (no draft), e.g. to compare; "sd" is the
+    # default, where the routing table may still choose plain decoding for the pool.
+    route: Literal["sd", "ar"] | None = None
     user: str | None = None
 
     @field_validator("max_tokens")

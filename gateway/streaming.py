@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from gateway.state import GatewayState
 from services.engine.stopping import StopStrings
 from services.protocol import OutputEvent, output_stream
+from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +69,15 @@ class IncrementalText:
 
 def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
     """Per-request speculative-decoding stats, vLLM-style counters plus the derived rates."""
-    drafts = event.num_drafts if event else 0
-    draft_tokens = event.num_draft_tokens if event else 0
-    accepted = event.num_accepted_tokens if event else 0
+    stats = event.stats if event else SpecDecodingStats()
     return {
         "request_id": request_id,
         "num_rounds": event.seq + 1 if event else 0,  # one output event per verified round
-        "num_drafts": drafts,
-        "num_draft_tokens": draft_tokens,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
-        "num_draft_tokens_per_pos": list(event.num_draft_tokens_per_pos) if event else [],
-        "num_accepted_tokens_per_pos": list(event.num_accepted_tokens_per_pos) if event else [],
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_acceptance_length": stats.mean_acceptance_length,
+        "num_draft_tokens_per_pos": list(stats.num_draft_tokens_per_pos),
+        "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.auth import Caller
 from gateway.errors import APIError
@@ -83,6 +83,8 @@ async def submit(
         raise APIError(503, "server is at capacity; retry shortly", headers={"Retry-After": "2"})
     draft_pool = state.settings.worker.pool
     route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
+    if params.route == "ar":
+        route = replace(route, route="ar")
     pool = route.pool
     missing = await missing_roles(state, draft_pool=draft_pool, verify_pool=pool)
     if missing:

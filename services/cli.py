@@ -26,6 +26,9 @@ keys_app = typer.Typer(help="API keys (stored hashed, each with a priority tier)
 app.add_typer(keys_app, name="keys")
 
 
+BENCH_DEFAULT_MODES = "ar,sd:ngram,sd:int8"
+
+
 class Mode(str, Enum):
     sd = "sd"
     ar = "ar"
@@ -146,8 +149,7 @@ def generate(
         if speculative.block_policy == "cost" and not draft_source.is_none:
             from services.engine.profile import measure_cost_model
 
-            options = replace(options, cost=measure_cost_model(target_model, draft_source,
-                                                               speculative.max_draft_tokens))
+            options = replace(options, cost=measure_cost_model(target_model, draft_source, settings.cache_dir))
         result = run_generate(target_model, draft_source, prompt_ids, options)
     except (MirrorSDError, ValueError) as exc:
         _fail(str(exc))
@@ -167,7 +169,7 @@ def generate(
 @app.command()
 def bench(
     prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON")] = "../shared/data/dev_prompts.jsonl",
-    modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack")] = "ar,sd:ngram,sd:int8",
+    modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack; with --concurrency: stack, stack-ar, baseline, hf-batch")] = BENCH_DEFAULT_MODES,
     target: Annotated[str | None, typer.Option()] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
@@ -189,8 +191,15 @@ def bench(
     url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
     redis_url: Annotated[str | None, typer.Option("--redis-url", help="the stack's Redis, for transport and drafting figures (default: settings)")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="throughput under load: comma list of requests in flight, e.g. 1,4,8,16,32; modes stack, stack-ar, baseline, hf-batch")] = None,
+    baseline_url: Annotated[str | None, typer.Option("--baseline-url", help="another gateway for the baseline mode")] = None,
+    requests: Annotated[int | None, typer.Option(min=1, help="requests per concurrency level (default: max(prompts, level))")] = None,
+    max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
 ) -> None:
-    """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar."""
+    """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
+
+    With --concurrency: throughput and latency of a running stack at each number of requests in flight,
+    against its own plain route and transformers' static batching (hf-batch)."""
     from pathlib import Path
 
     from services.bench.prompts import load_prompts, select_prompts
@@ -200,6 +209,13 @@ def bench(
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
+    if concurrency is not None:
+        _bench_concurrency(prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
+                           target=target, limit=limit, per_group=per_group, categories=categories,
+                           max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests,
+                           max_new_tokens=max_new_tokens, threads=threads, chat=chat, out=out, url=url,
+                           baseline_url=baseline_url, api_key=api_key, redis_url=redis_url)
+        return
     if block_policy is not None:
         if block_policy not in ("acceptance", "cost"):
             _fail(f"--block-policy must be acceptance or cost, got {block_policy!r}")
@@ -237,6 +253,51 @@ def bench(
     for mode, ids in outcome.mismatches.items():
         typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
     if outcome.mismatches:
+        raise typer.Exit(code=1)
+
+
+def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: int | None, per_group: int | None,
+                       categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
+                       max_new_tokens: int, threads: int | None, chat: bool, out: str, url: str,
+                       baseline_url: str | None, api_key: str | None, redis_url: str | None) -> None:
+    from pathlib import Path
+
+    from services.bench.concurrency import (
+        ConcurrencyConfig,
+        parse_concurrency_modes,
+        parse_levels,
+        run_concurrency_bench,
+    )
+    from services.bench.prompts import load_prompts, select_prompts
+    from services.config import get_settings
+    from services.models.loading import load_model
+
+    settings = get_settings()
+    try:
+        chosen = load_prompts(Path(prompts))
+        if max_prompt_chars is not None:
+            chosen = [prompt for prompt in chosen if len(prompt.prompt) <= max_prompt_chars]
+        chosen = select_prompts(chosen, limit=limit, per_group=per_group,
+                                categories=categories.split(",") if categories else None)
+        config = ConcurrencyConfig(levels=parse_levels(levels), modes=parse_concurrency_modes(modes, baseline_url),
+                                   prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,
+                                   baseline_url=baseline_url, api_key=api_key,
+                                   redis_url=redis_url or settings.redis_url, chat=chat, requests=requests)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not config.prompts:
+        _fail("no prompts selected")
+    _setup(threads or settings.num_threads, False)
+    try:
+        target_model = load_model(target or settings.target, precision=settings.target_precision,
+                                  device=settings.device)
+        rows, mismatches, files = run_concurrency_bench(config, target_model, Path(out),
+                                                        progress=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError, MirrorSDError) as exc:
+        _fail(str(exc))
+    typer.echo(Path(files[1]).read_text())
+    typer.echo("wrote " + ", ".join(str(path) for path in files))
+    if any(mismatch.fatal for mismatch in mismatches):
         raise typer.Exit(code=1)
 
 
@@ -652,6 +713,57 @@ def models_profile(
     for layout in chosen:
         if "draft_ms_per_token" in results[layout]:
             typer.echo(f"draft {draft} ({layout} target): {results[layout]['draft_ms_per_token']:.2f} ms per token")
+
+
+@models_app.command("step-profile")
+def models_step_profile(
+    target: Annotated[str | None, typer.Option(help="model to time (default: settings.target)")] = None,
+    random: Annotated[str | None, typer.Option(help="time a random-weight Llama of this shape instead: tiny, "
+                                               "smollm2-135m, llama-1b, llama-8b")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 ... (default: settings.device)")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32, bf16, fp16, int8 (default: settings)")] = None,
+    rows: Annotated[str, typer.Option(help="rows (sessions) per step")] = "1,2,4,8,16,32",
+    tokens: Annotated[str, typer.Option(help="tokens per row (1 = plain decoding, g + 1 = a block of g)")] = "1,2,3,5,9",
+    context: Annotated[int, typer.Option(min=1, help="tokens each row already holds in the KV store")] = 256,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+    threads: Annotated[int | None, typer.Option(min=1)] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Time batched target steps over rows x tokens per row (the grid the load-aware controller reads)."""
+    from services.config import get_settings
+    from services.engine.profile import measure_verify_profile, step_table
+    from services.engine.target_engine import TorchEngine
+    from services.models.loading import load_model
+    from services.models.random_shapes import build_random_model
+
+    settings = get_settings()
+    try:
+        row_counts = sorted({int(part) for part in rows.split(",") if part.strip()})
+        sizes = sorted({int(part) for part in tokens.split(",") if part.strip()})
+        if not row_counts or not sizes or min(row_counts + sizes) < 1:
+            raise ValueError("--rows and --tokens need integers >= 1")
+    except ValueError as exc:
+        _fail(f"--rows {rows!r} / --tokens {tokens!r}: {exc}")
+    _setup(threads or settings.num_threads, False)
+    chosen_precision = precision or settings.target_precision
+    try:
+        if random is not None:
+            loaded = build_random_model(random, precision=chosen_precision, device=device or settings.device)
+        else:
+            loaded = load_model(target or settings.target, precision=chosen_precision,
+                                device=device or settings.device)
+        engine = TorchEngine(loaded)
+        profile = measure_verify_profile(engine, context_tokens=context, repeats=repeats, sizes=tuple(sizes),
+                                         max_rows=max(row_counts), step_sizes=tuple(sizes),
+                                         step_rows=tuple(row_counts))
+    except (ValueError, RuntimeError, MirrorSDError) as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"model": loaded.name, "device": str(loaded.device), "precision": chosen_precision,
+                               "context": context, "profile": profile}))
+        return
+    typer.echo(f"{loaded.name} ({chosen_precision}, {loaded.device}), {context} tokens of context per row")
+    typer.echo(step_table(profile, row_counts, sizes))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,8 +42,11 @@ class SpeculativeSettings(BaseModel):
     fallback_min_rounds: int = Field(5, ge=1, description="drafted rounds seen before fallback may trigger")
     probe_after_rounds: int = Field(64, ge=0, description="target-only rounds before drafting is retried; 0 never")
     block_policy: Literal["acceptance", "cost"] = Field(
-        "acceptance", description="acceptance: +raise_step/-lower_step rule; cost: most tokens per ms from the "
-        "measured verify cost curve and draft cost")
+        "cost", description="cost: most tokens per ms from the measured step-cost grid (rows x tokens) at the "
+        "current load, the draft cost and the measured acceptance; acceptance: the +raise_step/-lower_step rule. "
+        "Without a measured profile (in-process, tiny models) the acceptance rule applies")
+    prior_acceptance: float = Field(0.6, ge=0.0, le=1.0, description="per-token acceptance assumed by the cost "
+                                    "policy before a session has drafted")
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(2, ge=1)
 
@@ -68,8 +71,11 @@ class WorkerSettings(BaseModel):
     heartbeat_ttl_s: float = Field(3.0, gt=0)
     kv_budget_mb: int = Field(2048, ge=1, description="verify worker KV-cache budget")
     verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
-    draft_concurrency: int = Field(4, ge=1, description="sessions one draft worker process drives at once")
+    draft_concurrency: int = Field(128, ge=1, description="sessions one draft worker process drives at once (Celery "
+                                   "task threads that only wait: one driver thread does the hot path for all)")
     pipelined_drafting: bool = Field(True, description="draft block k+1 while block k is verified")
+    profile_cache: bool = Field(True, description="verify workers keep their measured step-cost grid in "
+                                "cache_dir/profiles and reuse it while model, device and threads stay the same")
 
 
 class GatewaySettings(BaseModel):
@@ -104,10 +110,16 @@ class TelemetrySettings(BaseModel):
 
 
 class SchedulerSettings(BaseModel):
-    """Verify-side batching (the seed's `scheduler:` block)."""
+    """Verify-side batching (the seed's `scheduler:` block): continuous batching over sessions."""
 
-    max_batch_size: int = Field(8, ge=1)
-    timeout_ms: float = Field(50.0, ge=0.0)
+    model_config = ConfigDict(populate_by_name=True)
+
+    max_batch_size: int = Field(32, ge=1, description="rows (sessions) in one target step")
+    timeout_ms: float = Field(50.0, ge=0.0, validation_alias=AliasChoices("timeout_ms", "batch_timeout_ms"),
+                              description="batch window: how long a step may wait for blocks known to be "
+                              "coming (sessions that just got a verdict); no wait when none is")
+    max_batch_tokens: int = Field(256, ge=1, description="tokens in one step (like vLLM's max_num_batched_tokens): "
+                                  "prompts are prefilled in chunks within it, so running streams never stall")
     similarity_threshold: float = Field(0.8, ge=0.0, le=1.0)
 
 

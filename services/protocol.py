@@ -4,6 +4,10 @@ One place for the wire format (like TGI's generate.v3 proto): each message
 is a dataclass with `encode()` -> bytes and `decode(bytes)` -> message.
 Decoding checks the size, the version and the kind, and raises
 `ProtocolError` with a clear message instead of crashing the reader.
+A decoder ignores fields it does not know (protobuf's rule), so a newer
+sender may add a field without a version bump; a field a message cannot
+do without is still refused. Nested values (the spec-decode stats) travel
+whole, as a map, encoded and decoded by their own class.
 
 Queue, key and task names live here too, so every service agrees on them.
 """
@@ -18,9 +22,11 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
+from services.speculative.stats import SpecDecodingStats
+
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
 
 # --- Celery (control path) ---------------------------------------------------
@@ -49,6 +55,11 @@ def verify_worker_queue(worker_id: str) -> str:
 
 def verdict_queue(request_id: str) -> str:
     return f"{KEY_PREFIX}:verdict:{request_id}"
+
+
+def draft_inbox(worker_id: str) -> str:
+    """Redis list of one draft worker process: the verdicts of every session it drives."""
+    return f"{KEY_PREFIX}:draft:inbox:{worker_id}"
 
 
 def output_stream(request_id: str) -> str:
@@ -92,9 +103,13 @@ M = TypeVar("M", bound="Message")
 @dataclass
 class Message:
     KIND: ClassVar[str] = ""
+    NESTED: ClassVar[dict[str, type]] = {}  # field -> class with to_wire() / from_wire(map)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in self.NESTED:
+            body[name] = body[name].to_wire()
+        return body
 
     def encode(self) -> bytes:
         payload = {"v": PROTOCOL_VERSION, "kind": self.KIND, "body": self.to_dict()}
@@ -127,10 +142,13 @@ class Message:
     @classmethod
     def from_dict(cls: type[M], body: dict[str, Any]) -> M:
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(body) - names
-        if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}")
-        return cls(**body)
+        known = {name: value for name, value in body.items() if name in names}  # unknown fields: ignored
+        for name, nested in cls.NESTED.items():
+            if name in known:
+                if not isinstance(known[name], dict):
+                    raise ValueError(f"{name} must be a map")
+                known[name] = nested.from_wire(known[name])
+        return cls(**known)
 
 
 @dataclass
@@ -168,23 +186,30 @@ class DraftBlock(Message):
     vocab_size: int = 0
     reply_to: str = ""
     release: bool = False  # end of session (cancelled, or the drafter gave up): free the KV cache
+    # Rounds this block covers: the first verifies draft_ids, the others are target-only rounds the verify
+    # worker runs on its own (no round trip per token); the verdict comes after the last, or at the end.
+    num_rounds: int = 1
     sent_at: float = field(default_factory=time.time)
 
 
 @dataclass
 class Verdict(Message):
-    """Verify -> draft: what the round committed."""
+    """Verify -> draft: what a block's rounds committed."""
 
     KIND: ClassVar[str] = "verdict"
+    NESTED: ClassVar[dict[str, type]] = {"stats": SpecDecodingStats}
     request_id: str
-    round: int
-    num_committed: int  # total committed tokens after this round (prompt included)
-    num_draft_tokens: int
+    round: int  # the block's first round
+    num_committed: int  # total committed tokens after the block (prompt included)
+    num_draft_tokens: int  # of the block's drafted round
     num_accepted: int
-    committed_ids: list[int]  # tokens committed this round (accepted + recovered/bonus, or a resync)
+    committed_ids: list[int]  # tokens committed by the block's rounds (accepted + recovered/bonus each)
     finished: bool = False
     finish_reason: str | None = None
     worker_id: str = ""
+    num_rounds: int = 1  # output events the block committed (a resync may cover rounds of an earlier owner)
+    batch_rows: int = 1  # rows in the step that verified the drafted round: the load the next block meets
+    stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # the request's, after the block
     block_sent_at: float = 0.0
     verify_started_at: float = 0.0
     verify_finished_at: float = field(default_factory=time.time)
@@ -214,18 +239,15 @@ class OutputEvent(Message):
     """One entry of the per-request output stream (verify worker -> gateway)."""
 
     KIND: ClassVar[str] = "output"
+    NESTED: ClassVar[dict[str, type]] = {"stats": SpecDecodingStats}
     request_id: str
-    seq: int  # 0, 1, 2 ... per request, no gaps
+    seq: int  # 0, 1, 2 ... per request, no gaps: one per round
     token_ids: list[int]
     num_output_tokens: int  # after this event
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     error: str | None = None
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_draft_tokens_per_pos: list[int] = field(default_factory=list)  # cumulative, like the counters above
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # the request's, cumulative
     created_at: float = field(default_factory=time.time)
 
 
@@ -249,6 +271,8 @@ class Heartbeat(Message):
     latency_p50_ms: float | None = None  # per committed token, rolling
     latency_p99_ms: float | None = None
     profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
+    batch_rows: float = 0.0  # verify workers: mean rows per target step
+    step_counters: dict = field(default_factory=dict)  # verify workers, cumulative: steps, rows, forward_s, step_s
     sent_at: float = field(default_factory=time.time)
 
     @property

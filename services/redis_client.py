@@ -16,14 +16,17 @@ REQUEST_TTL_S = 3600
 
 # Append one output event and push its verdict, only if the stream holds exactly
 # `expected_seq` events: a second verifier of the same round (a worker thought
-# dead that was only slow) then cannot commit twice. One round trip.
+# dead that was only slow) then cannot commit twice. One round trip. Without an
+# event (a resync) the verdict is pushed alone.
 COMMIT_ROUND_LUA = """
-local have = redis.call('XLEN', KEYS[1])
-if have ~= tonumber(ARGV[1]) then
-  return have
+if ARGV[2] ~= '' then
+  local have = redis.call('XLEN', KEYS[1])
+  if have ~= tonumber(ARGV[1]) then
+    return have
+  end
+  redis.call('XADD', KEYS[1], '*', 'm', ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
 end
-redis.call('XADD', KEYS[1], '*', 'm', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[2], ARGV[3])
   redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -48,9 +51,13 @@ class RoundCommitter:
     def __init__(self, client: redis.Redis) -> None:
         self._script = client.register_script(COMMIT_ROUND_LUA)
 
-    def commit(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes, verdict: bytes) -> int:
-        """-1 when committed; otherwise the stream's real length (someone else got there first)."""
-        return int(self._script(keys=[stream_key, verdict_key], args=[expected_seq, event, verdict, REQUEST_TTL_S]))
+    def commit(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes, verdict: bytes,
+               client: redis.Redis | None = None) -> int | None:
+        """-1 when committed; otherwise the stream's real length (someone else got there first). With a
+        pipeline as `client` the call is queued and its reply comes from the pipeline's execute()."""
+        reply = self._script(keys=[stream_key, verdict_key], args=[expected_seq, event, verdict, REQUEST_TTL_S],
+                             client=client)
+        return None if client is not None else int(reply)
 
 
 def read_events(client: redis.Redis, request_id: str) -> list[OutputEvent]:

@@ -12,7 +12,8 @@ from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
 from services.redis_client import connect
-from services.engine.profile import measure_verify_profile
+from services.engine.profile import cached_verify_profile
+from services.engine.target_engine import TorchEngine
 from verify_worker.worker import VerifyWorker
 
 logger = logging.getLogger(__name__)
@@ -40,16 +41,16 @@ def run_verify_worker(settings: Settings) -> None:
     target = load_model(settings.target, precision=settings.target_precision, device=settings.device,
                         cache_dir=settings.cache_dir)
     client = connect(settings.redis_url)
-    profile = measure_verify_profile(target)
+    engine = TorchEngine(target, budget_bytes=settings.worker.kv_budget_mb * 1024 * 1024)
+    profile = cached_verify_profile(engine, settings.cache_dir if settings.worker.profile_cache else None,
+                                    max_rows=settings.scheduler.max_batch_size)
     logger.info("device profile: %s", profile)
     worker = VerifyWorker(
         client=client,
-        target=target,
+        engine=engine,
         worker_id=worker_id,
         pool=settings.worker.pool,
-        kv_budget_bytes=settings.worker.kv_budget_mb * 1024 * 1024,
-        max_batch_size=settings.scheduler.max_batch_size,
-        chunk_size=settings.prefill_chunk_size,
+        scheduler=settings.scheduler,
         device=settings.device,
         profile=profile,
     )

@@ -1,53 +1,80 @@
-"""Per-request target state on a verify worker, and the LRU cache that bounds its KV memory."""
+"""Per-request state on a verify worker, and the table that bounds their KV memory (LRU over idle sessions).
+
+A session is the round's TargetSession (services/engine/target.py) plus what
+the worker needs around it: the request spec, the block it is working on,
+how many target-only rounds of that block are left, and when it last
+answered (to know whose next block is on its way).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import torch
 
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
-from services.models.loading import LoadedModel
-from services.protocol import OutputEvent, SessionSpec
+from services.engine.target_engine import TargetEngine
+from services.protocol import DraftBlock, OutputEvent, SessionSpec, decode_probs
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
 
-def kv_bytes_per_token(target: LoadedModel) -> int:
-    """2 (keys, values) x layers x kv heads x head dim x bytes per element."""
-    config = target.config
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element_size = 2 if target.precision in ("bf16", "fp16") else 4
-    return 2 * config.num_hidden_layers * num_kv_heads * head_dim * element_size
-
-
 @dataclass
 class VerifySession:
     spec: SessionSpec
-    target_session: TargetSession
-    output: OutputState
-    sampling: SamplingParams
-    generator: torch.Generator
-    seq: int  # output events committed so far = the next round's number
-    stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    target: TargetSession
+    block: DraftBlock | None = None  # the block being worked on
+    first_round_done: bool = False  # its drafted round is verified; target-only rounds may remain
+    block_end_round: int = 0  # the round after the block's last
+    block_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # stats when the block began
+    batch_rows: int = 1  # rows of the step that verified the block's drafted round
+    block_started_at: float = 0.0  # wall clock: the first step that worked on the block
+    last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)
     last_used: float = field(default_factory=time.monotonic)
 
     @property
-    def num_committed(self) -> int:
-        return len(self.target_session.token_ids)
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def round(self) -> int:
+        """Rounds committed so far = the next round's number = output events in the stream."""
+        return self.target.round_index
+
+    @property
+    def has_work(self) -> bool:
+        return self.block is not None and not self.target.finished
+
+    @property
+    def autonomous(self) -> bool:
+        """Running target-only rounds of its block on its own (no block awaited between them)."""
+        return self.has_work and self.first_round_done
+
+    def take(self, block: DraftBlock, *, first_round_done: bool = False,
+             base_stats: SpecDecodingStats | None = None) -> None:
+        """Work on `block` (whose first round may already be committed: a block resumed elsewhere)."""
+        self.block = block
+        self.first_round_done = first_round_done
+        self.block_end_round = block.round + max(1, block.num_rounds)
+        self.block_stats = (base_stats or self.target.stats).copy()
+        self.block_started_at = 0.0
+        if not first_round_done:
+            self.target.set_draft(block.draft_ids, decode_probs(block))
+
+    def block_done(self) -> bool:
+        return self.target.finished or self.round >= self.block_end_round
 
 
-def build_session(target: LoadedModel, spec: SessionSpec, events: list[OutputEvent], chunk_size: int) -> VerifySession:
-    """A session from the request spec and the committed output so far (a new one, or a rebuild)."""
+def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent]) -> VerifySession:
+    """A session from the request spec and the committed output so far (a new one, or a rebuild). Nothing
+    is computed here: the engine prefills what the KV lacks in the next steps, in chunks."""
     output_ids = [token_id for event in events for token_id in event.token_ids]
-    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
+    target = engine.target
     output = OutputState(
         tokenizer=target.tokenizer,
         eos_token_ids=frozenset() if spec.ignore_eos else target.eos_token_ids,
@@ -55,33 +82,20 @@ def build_session(target: LoadedModel, spec: SessionSpec, events: list[OutputEve
         stop=spec.stop,
         output_ids=output_ids,
     )
-    session = VerifySession(
-        spec=spec,
-        target_session=TargetSession(target, [*spec.prompt_ids, *output_ids], chunk_size=chunk_size),
-        output=output,
-        sampling=sampling,
-        generator=sampling.make_stream("target", len(events), device=target.device),
-        seq=len(events),
-    )
-    if events:
-        last = events[-1]
-        session.stats.num_drafts = last.num_drafts
-        session.stats.num_draft_tokens = last.num_draft_tokens
-        session.stats.num_accepted_tokens = last.num_accepted_tokens
-        session.stats.num_draft_tokens_per_pos = list(last.num_draft_tokens_per_pos)
-        session.stats.num_accepted_tokens_per_pos = list(last.num_accepted_tokens_per_pos)
-    return session
+    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
+    stats = events[-1].stats.copy() if events else SpecDecodingStats()
+    session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,
+                            round_index=len(events))
+    return VerifySession(spec=spec, target=session)
 
 
-class SessionCache:
-    """LRU over sessions, evicting the least recently used past a KV-cache byte budget.
+class SessionTable:
+    """The worker's sessions, least recently used first; evicts idle ones while the KV store is over budget.
 
-    An evicted session is rebuilt from its committed prefix on its next block.
-    """
+    An evicted session is rebuilt from its committed prefix on its next block."""
 
-    def __init__(self, *, bytes_per_token: int, budget_bytes: int) -> None:
-        self.bytes_per_token = bytes_per_token
-        self.budget_bytes = budget_bytes
+    def __init__(self, engine: TargetEngine) -> None:
+        self.engine = engine
         self._sessions: OrderedDict[str, VerifySession] = OrderedDict()
         self.num_evictions = 0
 
@@ -91,33 +105,40 @@ class SessionCache:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._sessions
 
+    def __iter__(self) -> Iterator[VerifySession]:
+        return iter(list(self._sessions.values()))
+
     @property
     def kv_bytes(self) -> int:
-        return sum(s.target_session.num_cached * self.bytes_per_token for s in self._sessions.values())
+        return self.engine.store.used_bytes
 
     def get(self, request_id: str) -> VerifySession | None:
-        session = self._sessions.get(request_id)
-        if session is not None:
-            self._sessions.move_to_end(request_id)
-            session.last_used = time.monotonic()
-        return session
+        return self._sessions.get(request_id)
 
-    def put(self, request_id: str, session: VerifySession) -> None:
-        self._sessions[request_id] = session
-        self._sessions.move_to_end(request_id)
-        self.evict_over_budget(keep=request_id)
+    def touch(self, session: VerifySession) -> None:
+        session.last_used = time.monotonic()
+        self._sessions.move_to_end(session.request_id)
 
-    def evict_over_budget(self, keep: str | None = None) -> None:
-        while self.kv_bytes > self.budget_bytes and len(self._sessions) > 1:
-            victim = next(iter(self._sessions))
-            if victim == keep:
-                break
-            self.pop(victim)
-            self.num_evictions += 1
-            logger.info("evicted session %s (KV budget %d bytes)", victim, self.budget_bytes)
+    def put(self, session: VerifySession) -> None:
+        self.pop(session.request_id)
+        self._sessions[session.request_id] = session
 
     def pop(self, request_id: str) -> VerifySession | None:
         session = self._sessions.pop(request_id, None)
         if session is not None:
-            session.target_session.release()
+            session.target.release()
         return session
+
+    def evict_idle(self, needed_bytes: int = 0, *, keep: set[str] = frozenset()) -> bool:
+        """Evict idle sessions (no block in hand), least recently used first, until `needed_bytes` more fit
+        the budget; True when they do."""
+        store = self.engine.store
+        for session in list(self._sessions.values()):
+            if not store.over_budget(needed_bytes):
+                break
+            if session.has_work or session.request_id in keep or session.target.sequence.capacity == 0:
+                continue
+            self.pop(session.request_id)
+            self.num_evictions += 1
+            logger.info("evicted session %s (KV budget %d bytes)", session.request_id, store.budget_bytes)
+        return not store.over_budget(needed_bytes)

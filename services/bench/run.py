@@ -134,7 +134,7 @@ def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tupl
                                speculative=settings.speculative)
     cost = None
     if settings.speculative.block_policy == "cost" and not source.is_none:
-        cost = measure_cost_model(target, source, settings.speculative.max_draft_tokens)
+        cost = measure_cost_model(target, source, settings.cache_dir)
         logger.info("%s: cost model %s", mode, cost)
     return (lambda _prompt, prompt_ids, options: generate(target, source, prompt_ids, replace(options, cost=cost)),
             source.references)

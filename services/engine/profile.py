@@ -1,12 +1,28 @@
-"""Device profiles measured at start-up: what a target forward over 1..9 tokens, or one draft token, costs here."""
+"""Device profiles measured at start-up: what a target step over (rows, tokens per row) costs here, and what
+one draft token costs.
+
+The verify curve (`verify_ms_1` .. `verify_ms_9`: one row of n tokens) says
+what a block costs a lone stream; the step grid (`step_ms_<rows>x<n>`) says
+what it costs under load, where the controller weighs speculation against
+plain batched decoding (services/speculative/cost_model.py). Workers publish
+both in their heartbeats. Measuring the grid takes seconds, so a worker keeps
+it on disk, keyed by everything that changes it (model, precision, layout,
+device, threads, torch version, the grid itself).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import statistics
 import time
+from pathlib import Path
 
-from services.engine.target import TargetSession
+import torch
+
+from services.engine.target_engine import TargetEngine, TorchEngine
+from services.models.decoder import ForwardRow
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
@@ -14,30 +30,55 @@ from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-
 VERIFY_SIZES = tuple(range(1, 10))  # 1 token (target alone) up to a block of 8 + 1
+STEP_ROWS = (2, 4, 8, 16, 32)
+STEP_SIZES = (1, 2, 3, 5, 9)
+PROFILE_FORMAT = 2
 
 
-def measure_verify_profile(target: LoadedModel, *, context_tokens: int = 64, repeats: int = 3,
-                           sizes: tuple[int, ...] = VERIFY_SIZES) -> dict[str, float]:
-    """{"verify_ms_1": ..., ..., "verify_ms_9": ...}: median ms of one target forward over n tokens
-    (the cost curve the block-length controller reads; it is not smooth on CPUs)."""
-    vocab = target.vocab_size
-    prompt = [(7 * index + 3) % vocab for index in range(min(context_tokens, target.max_context - 16))]
-    session = TargetSession(target, prompt)
-    greedy = SamplingParams()
-    profile = {}
-    for num_tokens in sizes:
-        draft = [(11 * index + 5) % vocab for index in range(num_tokens - 1)]
-        timings = []
-        for _ in range(repeats + 1):  # the first call warms up
-            started = time.perf_counter()
-            verification = session.verify(draft, None, greedy, None)
-            timings.append(1000 * (time.perf_counter() - started))
-            session.rollback(len(prompt))  # back to the prompt for the next timing
-            assert verification.num_draft_tokens == len(draft)
-        profile[f"verify_ms_{num_tokens}"] = round(statistics.median(timings[1:]), 3)
-    session.release()
+def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) -> list:
+    vocab = engine.target.vocab_size
+    context_tokens = min(context_tokens, engine.target.max_context - 16)
+    sequences = [engine.new_sequence() for _ in range(num_sequences)]
+    for index, sequence in enumerate(sequences):  # distinct contents, so no row is a copy of another
+        prompt = [(7 * position + 3 + 13 * index) % vocab for position in range(context_tokens)]
+        engine.forward([ForwardRow(sequence, prompt, 1)])
+    return sequences
+
+
+def _time_step(engine: TargetEngine, sequences: list, num_tokens: int, repeats: int) -> float:
+    """Median ms of one step whose rows each feed num_tokens tokens and want logits for all of them."""
+    vocab = engine.target.vocab_size
+    base = sequences[0].length
+    timings = []
+    for _ in range(repeats + 1):  # the first call warms up
+        rows = [ForwardRow(sequence, [(11 * k + 5 + index) % vocab for k in range(num_tokens)], num_tokens)
+                for index, sequence in enumerate(sequences)]
+        started = time.perf_counter()
+        engine.forward(rows)
+        timings.append(1000 * (time.perf_counter() - started))
+        for sequence in sequences:
+            sequence.crop(base)  # back to the context for the next timing
+    return round(statistics.median(timings[1:]), 3)
+
+
+def measure_verify_profile(target: LoadedModel | TargetEngine, *, context_tokens: int = 64, repeats: int = 3,
+                           sizes: tuple[int, ...] = VERIFY_SIZES, max_rows: int = 1,
+                           step_sizes: tuple[int, ...] = STEP_SIZES,
+                           step_rows: tuple[int, ...] = STEP_ROWS) -> dict[str, float]:
+    """{"verify_ms_1": ..., "verify_ms_9": ...}: median ms of one row of n tokens (the cost curve; it is
+    not smooth on CPUs); with max_rows > 1 also {"step_ms_<rows>x<n>": ...} for step_rows up to max_rows."""
+    engine = TorchEngine(target) if isinstance(target, LoadedModel) else target
+    row_counts = [rows for rows in step_rows if 1 < rows <= max_rows]
+    sequences = _prefilled(engine, max([1, *row_counts]), context_tokens)
+    try:
+        profile = {f"verify_ms_{n}": _time_step(engine, sequences[:1], n, repeats) for n in sizes}
+        for rows in row_counts:
+            for n in step_sizes:
+                profile[f"step_ms_{rows}x{n}"] = _time_step(engine, sequences[:rows], n, max(1, repeats - 1))
+    finally:
+        for sequence in sequences:
+            sequence.release()
     return profile
 
 
@@ -46,11 +87,56 @@ def measure_verify_profiles(targets: dict[str, LoadedModel], *, context_tokens: 
     """measure_verify_profile for several models (e.g. weight layouts), taking turns round by round so a
     drift of this machine's speed hits them alike; per key, the median over rounds."""
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    engines = {name: TorchEngine(target) for name, target in targets.items()}
     for _ in range(rounds):
-        for name, target in targets.items():
-            samples[name].append(measure_verify_profile(target, context_tokens=context_tokens, repeats=1))
+        for name, engine in engines.items():
+            samples[name].append(measure_verify_profile(engine, context_tokens=context_tokens, repeats=1))
     return {name: {key: round(statistics.median(sample[key] for sample in runs), 3) for key in runs[0]}
             for name, runs in samples.items()}
+
+
+def step_table(profile: dict[str, float], rows: list[int], sizes: list[int]) -> str:
+    """The grid as text: ms per step for rows x tokens per row, and plain decoding's tokens/s per row count."""
+    lines = ["rows\t" + "\t".join(f"{n} tok ms" for n in sizes) + "\tplain tok/s"]
+    for count in rows:
+        cells = [profile.get(f"verify_ms_{n}" if count == 1 else f"step_ms_{count}x{n}") for n in sizes]
+        single = profile.get("verify_ms_1" if count == 1 else f"step_ms_{count}x1")
+        lines.append(f"{count}\t" + "\t".join("-" if c is None else f"{c:.2f}" for c in cells)
+                     + (f"\t{1000 * count / single:.1f}" if single else "\t-"))
+    return "\n".join(lines)
+
+
+def profile_cache_key(target: LoadedModel, max_rows: int) -> str:
+    architecture = hashlib.sha256(target.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    facts = {"format": PROFILE_FORMAT, "model": target.name, "architecture": architecture,
+             "precision": target.precision, "layout": target.layout,
+             "device": str(target.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+             "rows": [rows for rows in STEP_ROWS if rows <= max_rows], "sizes": list(STEP_SIZES),
+             "verify": list(VERIFY_SIZES)}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_verify_profile(engine: TargetEngine, cache_dir: Path | None, *, max_rows: int) -> dict[str, float]:
+    """The step grid for this engine, from cache_dir/profiles when measured before with the same facts."""
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / "profiles" / f"{profile_cache_key(engine.target, max_rows)}.json"
+        if path.is_file():
+            try:
+                profile = json.loads(path.read_text())
+                logger.info("device profile from %s", path)
+                return profile
+            except ValueError:
+                logger.warning("unreadable profile cache %s: measuring again", path)
+    started = time.perf_counter()
+    profile = measure_verify_profile(engine, max_rows=max_rows, repeats=2)
+    logger.info("measured the device profile in %.1f s", time.perf_counter() - started)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(profile))
+        temporary.replace(path)  # atomic: two workers starting at once never read half a file
+    return profile
 
 
 def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_tokens: int = 64,
@@ -73,8 +159,10 @@ def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_token
     return {"draft_ms_per_token": round(statistics.median(timings[1:]), 4)}
 
 
-def measure_cost_model(target: LoadedModel, source: DraftSource, max_draft_tokens: int) -> CostModel:
-    """The in-process cost model: this target's verify curve and this draft's per-token cost."""
-    verify = measure_verify_profile(target, sizes=tuple(range(1, max_draft_tokens + 2)))
-    draft = measure_draft_profile(source, target.vocab_size).get("draft_ms_per_token", 0.0)
+def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:
+    """The in-process cost model (batch 1): this target's verify curve (cached in cache_dir when given) and
+    this draft's per-token cost (a synthetic draft, which replays reference runs, costs nothing)."""
+    verify = cached_verify_profile(TorchEngine(target), cache_dir, max_rows=1)
+    draft = 0.0 if source.references is not None else (
+        measure_draft_profile(source, target.vocab_size).get("draft_ms_per_token", 0.0))
     return CostModel.from_profile(verify, draft)

@@ -1,8 +1,10 @@
-"""One request's decoding loop: draft a block, verify it, adapt gamma, apply stops.
+"""One request in-process: draft a block, run the round (services/engine/target.py) at batch 1, adapt gamma.
 
-`step()` runs one round, so the distributed workers can drive the same
-pieces (drafter.propose on the draft side, TargetSession.verify on the
-verify side) from their own loops.
+The verify worker runs the very same round over many sessions per step;
+this loop only adds the drafter and the block-length controller that the
+draft worker holds in the distributed suite. Round r's draft randomness is
+the stream ("draft", r), as on a draft worker, so a seeded request samples
+the same text here and over HTTP.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Sequence
 
 from services.engine.options import GenerationOptions
 from services.engine.stopping import OutputState
-from services.engine.target import TargetSession, check_request_fits
+from services.engine.target import TargetSession, check_request_fits, run_step
+from services.engine.target_engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController
@@ -31,13 +34,16 @@ class GenerationSession:
         drafter: Drafter | None,
         prompt_ids: Sequence[int],
         options: GenerationOptions | None = None,
+        engine: TargetEngine | None = None,
     ) -> None:
         options = options or GenerationOptions()
         check_request_fits(target.name, target.max_context, len(prompt_ids), options.max_new_tokens)
         self.target = target
+        self.engine = engine or TorchEngine(target)
         self.drafter = drafter
         self.sampling = options.sampling
-        self.output = OutputState(
+        self.chunk_size = options.chunk_size
+        output = OutputState(
             tokenizer=target.tokenizer,
             eos_token_ids=frozenset() if options.ignore_eos else target.eos_token_ids,
             max_new_tokens=options.max_new_tokens,
@@ -45,13 +51,18 @@ class GenerationSession:
         )
         cost = options.cost if options.speculative.block_policy == "cost" else None
         self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
-        self.stats = SpecDecodingStats()
         self.draft_s = 0.0  # wall time in drafter.propose
-        self.verify_s = 0.0  # wall time in the target's verify (prefill included)
+        self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)
-        self._target_generator = self.sampling.make_generator(offset=0, device=target.device)
-        self._draft_generator = self.sampling.make_generator(offset=1, device=target.device)
-        self.target_session = TargetSession(target, prompt_ids, chunk_size=options.chunk_size)
+        self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
+
+    @property
+    def output(self) -> OutputState:
+        return self.target_session.output
+
+    @property
+    def stats(self) -> SpecDecodingStats:
+        return self.target_session.stats
 
     @property
     def finished(self) -> bool:
@@ -78,22 +89,20 @@ class GenerationSession:
         proposal = _NO_DRAFT
         started = time.perf_counter()
         if num_draft_tokens > 0:
-            proposal = self.drafter.propose(
-                self.target_session.token_ids, num_draft_tokens, self.sampling, self._draft_generator
-            )
+            stream = self.sampling.make_stream("draft", self.target_session.round_index)
+            proposal = self.drafter.propose(self.target_session.token_ids, num_draft_tokens, self.sampling, stream)
         drafted = time.perf_counter()
-        verification = self.target_session.verify(
-            proposal.token_ids, proposal.probs, self.sampling, self._target_generator
-        )
+        self.target_session.set_draft(proposal.token_ids, proposal.probs)
+        result = None
+        while result is None:  # a long prompt is prefilled in chunks first
+            result = run_step(self.engine, [self.target_session], [self.chunk_size])[0]
         self.draft_s += drafted - started
         self.verify_s += time.perf_counter() - drafted
-        self.stats.observe(verification.num_draft_tokens, verification.num_accepted)
+        verification = result.verification
         self.controller.update(verification.num_draft_tokens, verification.num_accepted)
-        committed = [*proposal.token_ids[: verification.num_accepted], verification.next_token_id]
-        emitted = self.output.accept(committed)
         if self.finished:
             self.release()
-        return emitted
+        return result.emitted
 
     def text(self) -> str:
         return self.output.text()

@@ -1,29 +1,40 @@
-"""The target side of a session: its KV cache, the committed tokens, and one verification per round."""
+"""The speculative round on the target side, written once: prepare -> one forward -> apply.
+
+`TargetSession` is one request on the target: its committed tokens, its KV
+sequence in the engine's store, its output rules, its stats and its round
+counter. `run_step` runs one round for many sessions at once:
+
+- prepare: each session's row is the tokens the target has not seen yet: the
+  uncached committed tokens (a prompt, or a rebuilt session) followed by the
+  draft block; under a token budget a long prompt is fed in chunks over
+  several steps;
+- forward: one engine forward over every row (ragged lengths);
+- apply: the pure accept/reject math per session (services/speculative),
+  the KV cropped to the accepted tokens, the output advanced.
+
+The in-process engine runs it with one session, the verify worker with many.
+Randomness: round r of a seeded request draws from its own stream
+("target", r), so a request samples the same tokens in-process, over HTTP,
+and after a verify worker rebuilt it elsewhere.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from services.engine.stopping import OutputState
+from services.engine.target_engine import TargetEngine
 from services.errors import ContextLengthError
-from services.models.kv_cache import CachedLM
-from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams, warp_logits
-from services.speculative.verification import Verification, greedy_verify, rejection_sample
+from services.models.decoder import ForwardRow
+from services.speculative.sampling import SamplingParams
+from services.speculative.stats import SpecDecodingStats
+from services.speculative.verification import Verification, verify_block
 
 logger = logging.getLogger(__name__)
-
-
-def match_vocab(draft_probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Pad or cut draft probs [n, draft_vocab] to the target's [n, vocab] (padded embedding rows)."""
-    draft_vocab = draft_probs.shape[-1]
-    if draft_vocab == vocab_size:
-        return draft_probs
-    if draft_vocab > vocab_size:
-        return draft_probs[:, :vocab_size]
-    return torch.nn.functional.pad(draft_probs, (0, vocab_size - draft_vocab))
 
 
 def check_request_fits(model_name: str, max_context: int, num_prompt_tokens: int, max_new_tokens: int = 0) -> None:
@@ -41,60 +52,107 @@ def check_request_fits(model_name: str, max_context: int, num_prompt_tokens: int
         )
 
 
-class TargetSession:
-    """Invariant: the KV cache holds every committed token but the last, which the
-    next round feeds together with the draft block."""
+@dataclass
+class RoundResult:
+    verification: Verification
+    committed: list[int]  # accepted draft tokens + the recovered or bonus token
+    emitted: list[int]  # the part that reached the output (EOS and stops cut the rest)
 
-    def __init__(self, target: LoadedModel, prompt_ids: Sequence[int], *, chunk_size: int = 512) -> None:
+
+class TargetSession:
+    """Invariant between rounds: the KV holds every committed token but the last, or fewer (a prompt still
+    being prefilled); the next row feeds what it lacks, then the draft block."""
+
+    def __init__(self, engine: TargetEngine, prompt_ids: Sequence[int], *, output: OutputState,
+                 sampling: SamplingParams = SamplingParams(), stats: SpecDecodingStats | None = None,
+                 round_index: int = 0) -> None:
+        target = engine.target
         check_request_fits(target.name, target.max_context, len(prompt_ids))
-        self.target = target
-        self.token_ids: list[int] = list(prompt_ids)
-        self._lm = CachedLM(target, chunk_size)
-        if len(prompt_ids) > 1:
-            self._lm.forward(prompt_ids[:-1], num_logits=1)
+        self.engine = engine
+        self.token_ids: list[int] = [*prompt_ids, *output.output_ids]  # committed: prompt + output so far
+        self.output = output
+        self.sampling = sampling
+        self.stats = stats or SpecDecodingStats()
+        self.round_index = round_index  # rounds committed so far = the next round's number
+        self.sequence = engine.new_sequence()
+        self._draft_ids: list[int] = []
+        self._draft_probs: torch.Tensor | None = None
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.token_ids)
 
     @property
     def num_cached(self) -> int:
-        """Tokens held in the KV cache."""
-        return self._lm.num_cached
+        return self.sequence.length
 
     @property
     def room(self) -> int:
         """Draft tokens that still fit the context this round."""
-        return self.target.max_context - len(self.token_ids)
+        return self.engine.target.max_context - len(self.token_ids)
 
-    def verify(
-        self,
-        draft_ids: Sequence[int],
-        draft_probs: torch.Tensor | None,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Verification:
-        """One target forward over [last committed, *draft_ids]; commit accepted + one token."""
-        num_draft_tokens = len(draft_ids)
-        assert num_draft_tokens <= self.room, f"{num_draft_tokens} draft tokens overflow the context"
-        num_committed = len(self.token_ids)
-        target_logits = self._lm.forward([self.token_ids[-1], *draft_ids], num_logits=num_draft_tokens + 1)
-        draft_tensor = torch.tensor(list(draft_ids), dtype=torch.long)  # [num_draft_tokens]
-        if sampling.greedy:
-            verification = greedy_verify(draft_tensor, target_logits)
-        else:
-            target_probs = warp_logits(target_logits, sampling)  # [num_draft_tokens + 1, vocab]
-            if draft_probs is not None:
-                draft_probs = match_vocab(draft_probs, target_probs.shape[-1])
-            verification = rejection_sample(draft_tensor, draft_probs, target_probs, generator)
+    @property
+    def finished(self) -> bool:
+        return self.output.finished
+
+    @property
+    def draft_ids(self) -> list[int]:
+        return self._draft_ids
+
+    @property
+    def num_uncached(self) -> int:
+        """Committed tokens the KV lacks: 1 (the last) for a running stream, more while a prompt is prefilled."""
+        return len(self.token_ids) - self.sequence.length
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens the next rows must feed before the draft block can be verified, block included."""
+        return len(self.token_ids) - self.sequence.length + len(self._draft_ids)
+
+    def set_draft(self, draft_ids: Sequence[int], draft_probs: torch.Tensor | None = None) -> None:
+        """The block this round verifies (empty: a target-only round). draft_probs [n, vocab] or None."""
+        assert len(draft_ids) <= self.room, f"{len(draft_ids)} draft tokens overflow the context"
+        self._draft_ids, self._draft_probs = list(draft_ids), draft_probs
+
+    def prepare(self, token_budget: int | None = None) -> ForwardRow:
+        """This step's row: the uncached committed tokens and the draft block, or, when that exceeds the
+        budget, a prefill chunk that stops before the last committed token (no logits)."""
+        uncached = self.token_ids[self.sequence.length :]
+        wanted = [*uncached, *self._draft_ids]
+        if token_budget is None or len(wanted) <= token_budget or len(uncached) == 1:
+            return ForwardRow(self.sequence, wanted, len(self._draft_ids) + 1)
+        return ForwardRow(self.sequence, uncached[: max(1, min(token_budget, len(uncached) - 1))], 0)
+
+    def apply(self, target_logits: torch.Tensor) -> RoundResult:
+        """The round's verdict from the logits at [last committed, *draft] ([num_draft + 1, vocab])."""
+        draft_ids = self._draft_ids
+        generator = None if self.sampling.greedy else self.sampling.make_stream("target", self.round_index)
+        verification = verify_block(draft_ids, self._draft_probs, target_logits, self.sampling, generator)
         num_accepted = verification.num_accepted
-        # Cache holds committed[:-1] + last + draft; keep through the accepted ones.
-        self._lm.crop(num_committed + num_accepted)
-        self.token_ids.extend(draft_ids[:num_accepted])
-        self.token_ids.append(verification.next_token_id)
-        return verification
+        # The KV holds committed + draft now: keep it through the accepted draft tokens.
+        self.sequence.crop(len(self.token_ids) + num_accepted)
+        committed = [*draft_ids[:num_accepted], verification.next_token_id]
+        self.token_ids.extend(committed)
+        self._draft_ids, self._draft_probs = [], None
+        self.stats.observe(verification.num_draft_tokens, num_accepted)
+        self.round_index += 1
+        return RoundResult(verification, committed, self.output.accept(committed))
 
     def rollback(self, num_committed: int) -> None:
-        """Forget everything committed after the first num_committed tokens (keeps the cache invariant)."""
+        """Forget everything committed after the first num_committed tokens (the KV follows)."""
         assert 1 <= num_committed <= len(self.token_ids), f"cannot roll back to {num_committed} tokens"
-        self._lm.crop(num_committed - 1)
+        self.sequence.crop(min(self.sequence.length, num_committed - 1))
         del self.token_ids[num_committed:]
 
     def release(self) -> None:
-        self._lm.crop(0)
+        self.sequence.release()
+
+
+def run_step(engine: TargetEngine, sessions: Sequence[TargetSession],
+             token_budgets: Sequence[int | None] | None = None) -> list[RoundResult | None]:
+    """One forward over every session's row; a session whose row was a prefill chunk gets None."""
+    budgets = token_budgets or [None] * len(sessions)
+    rows = [session.prepare(budget) for session, budget in zip(sessions, budgets)]
+    logits = engine.forward(rows)
+    return [None if row_logits is None else session.apply(row_logits)
+            for session, row_logits in zip(sessions, logits)]

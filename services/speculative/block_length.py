@@ -2,7 +2,10 @@
 
 Rule (DESIGN.md): over the last `window` drafted rounds, acceptance above
 `raise_above` grows gamma by `raise_step` (up to the max), anything else
-shrinks it by `lower_step` (down to the min). When acceptance over at least
+shrinks it by `lower_step` (down to the min). With a cost model (the
+default "cost" policy wherever a profile is known) gamma is instead the
+block length with the most expected tokens per ms at the current load,
+from the measured step-cost grid; gamma 0 means plain decoding pays more. When acceptance over at least
 `fallback_min_rounds` drafted rounds is below `fallback_below`, the session
 decodes with the target alone; after `probe_after_rounds` such rounds it
 drafts again at the minimum gamma with a fresh window (0 disables probing).
@@ -27,9 +30,13 @@ def next_block_length(current: int, window_acceptance: float, config: Speculativ
     return max(current - config.lower_step, config.min_draft_tokens)
 
 
+LOAD_PLAIN_ROUNDS = 16  # target-only rounds while the load makes drafting not pay, before looking again
+
+
 class BlockLengthController:
     """Gamma from recent acceptance; with a cost model (block_policy "cost"), the gamma with the most
-    expected tokens per ms for the measured acceptance, where gamma 0 (target alone) also competes."""
+    expected tokens per ms for the measured acceptance at the current load (rows per step, from the
+    verdicts), where gamma 0 (plain decoding) also competes."""
 
     def __init__(self, config: SpeculativeSettings, num_draft_tokens: int | None = None,
                  cost: CostModel | None = None) -> None:
@@ -40,6 +47,7 @@ class BlockLengthController:
         self._window: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
         self._fallback_rounds_left = 0
         self.num_fallbacks = 0
+        self.rows = 1.0  # rows in the target step this session's blocks share (1 in-process)
 
     @property
     def fallen_back(self) -> bool:
@@ -48,17 +56,44 @@ class BlockLengthController:
     @property
     def num_draft_tokens(self) -> int:
         """Tokens to draft next round; 0 while decoding with the target alone."""
-        return 0 if self.fallen_back else self._gamma
+        if self.fallen_back:
+            return 0
+        if self.cost is None:
+            return self._gamma
+        if self._best_for_cost(rows=1.0)[0] == 0:
+            # Not worth drafting even for a lone stream, by the acceptance so far: keep probing at the shortest
+            # block until the window is long enough for update() to decide on a fallback.
+            return self.config.min_draft_tokens
+        return self._best_for_cost()[0]  # at the current load: 0 when plain batched decoding yields more
+
+    @property
+    def num_plain_rounds(self) -> int:
+        """Target-only rounds to run before drafting is looked at again (0 while drafting): the rest of a
+        fallback, or a short stretch while the load makes drafting not pay."""
+        if self.fallen_back:
+            return self._fallback_rounds_left
+        return LOAD_PLAIN_ROUNDS if self.num_draft_tokens == 0 else 0
 
     @property
     def window_acceptance(self) -> float:
         drafted = sum(d for d, _ in self._window)
         return sum(a for _, a in self._window) / drafted if drafted else 0.0
 
+    def observe_load(self, rows: float) -> None:
+        """Rows in the step that verified the last block: the load the next block meets."""
+        self.rows = max(1.0, float(rows))
+
+    def _best_for_cost(self, rows: float | None = None) -> tuple[int, float]:
+        alpha = alpha_from_rounds(self._window)
+        if alpha is None:
+            alpha = self.config.prior_acceptance
+        candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
+        return best_block_length(alpha, self.cost, candidates, self.rows if rows is None else rows)
+
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         """Feed one finished round."""
         if num_draft_tokens == 0:
-            # A target-only round (fallback, or a drafter with nothing to say).
+            # A target-only round (fallback, the load, or a drafter with nothing to say).
             if self._fallback_rounds_left > 0:
                 self._fallback_rounds_left -= 1
                 if self._fallback_rounds_left == 0:
@@ -73,14 +108,9 @@ class BlockLengthController:
             return
         if self.cost is None:
             self._gamma = next_block_length(self._gamma, acceptance, self.config)
-            return
-        alpha = alpha_from_rounds(self._window) or 0.0
-        gamma, _ = best_block_length(alpha, self.cost, range(self.config.min_draft_tokens,
-                                                             self.config.max_draft_tokens + 1))
-        if gamma == 0 and enough:  # no block length pays for itself here: decode with the target alone
+        elif enough and self._best_for_cost(rows=1.0)[0] == 0:
+            # no block length pays even for a lone stream: decode with the target alone for a while
             self._enter_fallback(acceptance)
-            return
-        self._gamma = max(gamma, self.config.min_draft_tokens)
 
     def after(self, num_draft_tokens: int, num_accepted: int) -> int:
         """num_draft_tokens next round if this round ended so; the controller itself is unchanged."""

@@ -1,7 +1,12 @@
 """Choosing the block length by cost: expected tokens per millisecond from a measured cost curve.
 
 A round with block length g costs g draft steps plus one target forward over
-g + 1 tokens, and yields 1 + alpha + ... + alpha^g tokens on average. On a
+g + 1 tokens, and yields 1 + alpha + ... + alpha^g tokens on average. Under
+load the forward is a step shared with other sessions' rows: its cost is read
+off a grid measured over (rows, tokens per row), so a longer block is charged
+what it really adds at the current batch. Where the projections are
+compute-bound (a CPU past a few rows, a GPU at a large batch) every extra
+draft token lengthens the step for all, and plain batched decoding wins. On a
 CPU the forward's cost is not smooth in its length (measured here: 1 token
 43 ms, 2 tokens 73 ms, 5 tokens 71 ms), so the best g is read off the
 measured curve, not assumed. g = 0 (the target alone) competes too: when
@@ -11,52 +16,90 @@ no block length pays for itself, the session should not draft.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.speculative.bound import expected_accepted
 
 
+def _interpolate(curve: dict[int, float], at: float) -> float:
+    """Measured, else linear between the nearest measured points (flat past the last one)."""
+    if at in curve:
+        return curve[at]
+    lower = [n for n in curve if n < at]
+    higher = [n for n in curve if n > at]
+    if not lower:
+        return curve[min(higher)]
+    below = max(lower)
+    if not higher:
+        return curve[below]
+    above = min(higher)
+    return curve[below] + (at - below) / (above - below) * (curve[above] - curve[below])
+
+
 @dataclass(frozen=True)
 class CostModel:
-    verify_ms: dict[int, float]  # tokens in one target forward -> ms (measured; at least the 1-token cost)
+    verify_ms: dict[int, float]  # tokens in one target forward of one row -> ms (measured; at least 1 token)
     draft_ms_per_token: float = 0.0
+    # rows in the step -> {tokens per row -> ms}, for steps of more than one row (measured; empty = batch 1 only)
+    step_ms: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
             raise ValueError("a cost model needs the 1-token verify cost")
-        if any(n < 1 or ms <= 0 for n, ms in self.verify_ms.items()):
-            raise ValueError(f"verify costs must be positive, for >= 1 token: {self.verify_ms}")
+        curves = [self.verify_ms, *self.step_ms.values()]
+        if any(n < 1 or ms <= 0 for curve in curves for n, ms in curve.items()) or any(r < 2 for r in self.step_ms):
+            raise ValueError(f"step costs must be positive, for >= 1 token, and rows > 1: {self.verify_ms} "
+                             f"{self.step_ms}")
 
     @classmethod
     def from_profile(cls, profile: dict, draft_ms_per_token: float | None = None) -> "CostModel | None":
-        """From a device profile ({"verify_ms_1": ..., "verify_ms_4": ..., "draft_ms_per_token": ...})."""
+        """From a device profile: {"verify_ms_1": ..., "verify_ms_9": ..., "step_ms_16x5": ...,
+        "draft_ms_per_token": ...} (verify_ms_<n>: one row of n tokens; step_ms_<rows>x<n>: rows of n)."""
         verify = {int(key.rsplit("_", 1)[1]): float(value) for key, value in profile.items()
                   if key.startswith("verify_ms_")}
         if 1 not in verify:
             return None
+        step: dict[int, dict[int, float]] = {}
+        for key, value in profile.items():
+            if key.startswith("step_ms_"):
+                rows, tokens = (int(part) for part in key.removeprefix("step_ms_").split("x"))
+                if rows > 1:
+                    step.setdefault(rows, {})[tokens] = float(value)
         draft = draft_ms_per_token if draft_ms_per_token is not None else profile.get("draft_ms_per_token", 0.0)
-        return cls(verify, float(draft))
+        return cls(verify, float(draft), step)
 
     def verify_cost(self, num_tokens: float) -> float:
-        """Measured, else linear between the nearest measured lengths (flat past the longest); a
-        fractional length (a mean block) interpolates too."""
-        if num_tokens in self.verify_ms:
-            return self.verify_ms[num_tokens]
+        """One row of num_tokens: measured, else linear between the nearest measured lengths (flat past the
+        longest); a fractional length (a mean block) interpolates too."""
         if num_tokens < 1:
             raise ValueError(f"a forward covers at least 1 token, got {num_tokens}")
-        below = max(n for n in self.verify_ms if n < num_tokens)
-        above = [n for n in self.verify_ms if n > num_tokens]
-        if not above:
-            return self.verify_ms[below]
-        high = min(above)
-        share = (num_tokens - below) / (high - below)
-        return self.verify_ms[below] + share * (self.verify_ms[high] - self.verify_ms[below])
+        return _interpolate(self.verify_ms, num_tokens)
 
-    def round_ms(self, gamma: int) -> float:
-        return gamma * self.draft_ms_per_token + self.verify_cost(gamma + 1)
+    def step_cost(self, rows: float, tokens_per_row: float) -> float:
+        """A step of `rows` rows of tokens_per_row each: the row curves measured at the nearest row counts,
+        linear in rows between them and extrapolated linearly past the largest measured."""
+        if rows <= 1 or not self.step_ms:  # no grid measured: the one-row curve (no load information)
+            return self.verify_cost(tokens_per_row)
+        curves = {1: self.verify_ms, **self.step_ms}
+        at_rows = {count: _interpolate(curve, tokens_per_row) for count, curve in curves.items()}
+        if rows in at_rows:
+            return at_rows[rows]
+        counts = sorted(at_rows)
+        higher = [count for count in counts if count > rows]
+        below = max(count for count in counts if count < rows)
+        above = min(higher) if higher else below
+        if not higher:  # past the largest measured step: the slope of the last two
+            below = counts[-2]
+        slope = (at_rows[above] - at_rows[below]) / (above - below)
+        return at_rows[below] + (rows - below) * slope
 
-    def tokens_per_ms(self, alpha: float, gamma: int) -> float:
-        return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma)
+    def round_ms(self, gamma: int, rows: float = 1) -> float:
+        """One round of one session: its drafting plus the step it shares with `rows` rows of gamma + 1."""
+        return gamma * self.draft_ms_per_token + self.step_cost(rows, gamma + 1)
+
+    def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1) -> float:
+        """Expected tokens per ms of one session whose step has `rows` rows like its own."""
+        return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma, rows)
 
 
 def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:
@@ -67,13 +110,15 @@ def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:
         gamma * cost.draft_ms_per_token + cost.verify_cost(gamma + 1))
 
 
-def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int]) -> tuple[int, float]:
-    """The block length (0 = target alone) with the most expected tokens per ms, and its predicted
-    speedup over the target alone. Ties go to the shorter block (less wasted work)."""
-    baseline = cost.tokens_per_ms(alpha, 0)
+def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int], rows: float = 1) -> tuple[int, float]:
+    """The block length (0 = target alone) with the most expected tokens per ms when the step has `rows`
+    rows (the load: every row is assumed to draft alike, so at a large batch the extra tokens of every
+    row are paid for in a step that is longer for all), and its predicted speedup over the target alone
+    at that load. Ties go to the shorter block (less wasted work)."""
+    baseline = cost.tokens_per_ms(alpha, 0, rows)
     best_gamma, best_rate = 0, baseline
     for gamma in sorted(set(candidates)):
-        rate = cost.tokens_per_ms(alpha, gamma)
+        rate = cost.tokens_per_ms(alpha, gamma, rows)
         if rate > best_rate * (1 + 1e-9):
             best_gamma, best_rate = gamma, rate
     return best_gamma, best_rate / baseline

@@ -94,3 +94,32 @@ class SpecDecodingStats:
     def from_dict(cls, data: dict) -> "SpecDecodingStats":
         """Inverse of to_dict (the derived rates are recomputed, not read)."""
         return cls(**{item.name: data[item.name] for item in fields(cls)})
+
+    def to_wire(self) -> dict:
+        """The counters alone (services/protocol.py carries them whole in events and verdicts)."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "SpecDecodingStats":
+        """Inverse of to_wire; missing counters are 0, unknown ones ignored, wrong types a ValueError."""
+        values = {}
+        for item in fields(cls):
+            if item.name not in data:
+                continue
+            value = data[item.name]
+            if item.name.endswith("_per_pos"):
+                if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+                    raise ValueError(f"stats.{item.name} must be a list of counts, got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"stats.{item.name} must be a count, got {value!r}")
+            values[item.name] = value
+        return cls(**values)
+
+    def minus(self, earlier: "SpecDecodingStats") -> tuple[int, int]:
+        """(draft tokens, accepted tokens) counted since `earlier`, a snapshot of the same request."""
+        return (self.num_draft_tokens - earlier.num_draft_tokens,
+                self.num_accepted_tokens - earlier.num_accepted_tokens)
+
+    def copy(self) -> "SpecDecodingStats":
+        return SpecDecodingStats.from_wire({name: list(value) if isinstance(value, list) else value
+                                            for name, value in self.to_wire().items()})

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.speculative.sampling import SamplingParams, warp_logits
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,3 +96,31 @@ def rejection_sample(
         next_probs = residual / total if total > 0 else target_probs[num_accepted]
     next_token = torch.multinomial(next_probs, num_samples=1, generator=generator)
     return Verification(num_draft_tokens, num_accepted, int(next_token.item()))
+
+
+def match_vocab(draft_probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad or cut draft probs [n, draft_vocab] to the target's [n, vocab] (padded embedding rows)."""
+    draft_vocab = draft_probs.shape[-1]
+    if draft_vocab == vocab_size:
+        return draft_probs
+    if draft_vocab > vocab_size:
+        return draft_probs[:, :vocab_size]
+    return torch.nn.functional.pad(draft_probs, (0, vocab_size - draft_vocab))
+
+
+def verify_block(
+    draft_ids: list[int],
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verification:
+    """One round's verdict from the target's logits at the block's positions [len(draft_ids) + 1, vocab]:
+    greedy_verify, or rejection_sample under the request's warp (applied to both distributions)."""
+    draft_tensor = torch.tensor(draft_ids, dtype=torch.long)  # [num_draft_tokens]
+    if sampling.greedy:
+        return greedy_verify(draft_tensor, target_logits)
+    target_probs = warp_logits(target_logits, sampling)  # [num_draft_tokens + 1, vocab]
+    if draft_probs is not None:
+        draft_probs = match_vocab(draft_probs, target_probs.shape[-1])
+    return rejection_sample(draft_tensor, draft_probs, target_probs, generator)

@@ -7,7 +7,9 @@ import torch
 
 from services.config import SpeculativeSettings
 from services.engine import GenerationOptions, GenerationSession, generate
-from services.engine.target import TargetSession
+from services.engine.stopping import OutputState
+from services.engine.target import TargetSession, run_step
+from services.engine.target_engine import TorchEngine
 from services.errors import ContextLengthError
 from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter, SelfDrafter
 from services.models.loading import LoadedModel
@@ -98,13 +100,24 @@ def test_bad_draft_falls_back_to_target_only(tiny_target):
     assert session.output_ids == reference(tiny_target, prompt_for(0), 60)
 
 
+def new_target_session(target: LoadedModel, prompt: list[int]) -> TargetSession:
+    output = OutputState(tokenizer=None, eos_token_ids=frozenset(), max_new_tokens=1000)
+    return TargetSession(TorchEngine(target), prompt, output=output)
+
+
+def verify(session: TargetSession, draft_ids: list[int]):
+    """One round at batch 1 (the whole prompt in one row)."""
+    session.set_draft(draft_ids)
+    return run_step(session.engine, [session])[0].verification
+
+
 def test_rejected_tokens_are_rolled_back_not_recomputed(tiny_target):
     prompt = prompt_for(3, length=20)
-    target_session = TargetSession(tiny_target, prompt)
+    target_session = new_target_session(tiny_target, prompt)
     drafter = ModelDrafter(build_tiny_llama(5))
     proposal = drafter.propose(target_session.token_ids, 6, SamplingParams(), None)
-    verification = target_session.verify(proposal.token_ids, None, SamplingParams(), None)
-    assert target_session._lm.num_cached == len(target_session.token_ids) - 1
+    verification = verify(target_session, proposal.token_ids)
+    assert target_session.num_cached == len(target_session.token_ids) - 1
     # The drafter cached prompt + 5 of its own tokens; it keeps the agreed prefix.
     drafter.propose(target_session.token_ids, 2, SamplingParams(), None)
     assert drafter._lm.cached_ids[: len(prompt) + verification.num_accepted] == (
@@ -155,7 +168,7 @@ def test_eos_stops_and_is_not_emitted():
 def test_context_overflow_is_a_clear_error():
     target = build_tiny_llama(0, max_position_embeddings=32)
     with pytest.raises(ContextLengthError, match="prompt of 40 tokens"):
-        TargetSession(target, prompt_for(0, length=40))
+        new_target_session(target, prompt_for(0, length=40))
     with pytest.raises(ContextLengthError, match="max_new_tokens 30 exceeds .* context of 32 tokens"):
         GenerationSession(target, None, prompt_for(0, length=10), GenerationOptions(max_new_tokens=30))
 
@@ -186,12 +199,12 @@ def test_generate_reports_timings_and_stats(tiny_target):
 
 def test_rollback_restores_the_cache_invariant(tiny_target):
     prompt = prompt_for(6)
-    session = TargetSession(tiny_target, prompt)
-    first = session.verify([], None, SamplingParams(), None).next_token_id
-    session.verify([1, 2, 3], None, SamplingParams(), None)
+    session = new_target_session(tiny_target, prompt)
+    first = verify(session, []).next_token_id
+    verify(session, [1, 2, 3])
     session.rollback(len(prompt))
     assert session.token_ids == prompt and session.num_cached == len(prompt) - 1
-    assert session.verify([], None, SamplingParams(), None).next_token_id == first
+    assert verify(session, []).next_token_id == first
 
 
 def test_hybrid_uses_lookup_when_it_matches_and_the_model_otherwise():

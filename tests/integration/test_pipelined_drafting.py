@@ -3,20 +3,15 @@ target-only decoding's, token for token, and speculated blocks really get used."
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import redis
 
-from draft_worker.session_loop import DraftRuntime, DraftSession
-from services.config import Settings, SpeculativeSettings, WorkerSettings
 from services.engine import GenerationOptions, GenerationSession
 from services.models.drafters import DraftSource
-from services.protocol import SessionSpec, request_key
-from services.redis_client import read_events
+from services.protocol import SessionSpec
 from tests.conftest import build_tiny_llama, perturbed_copy
+from tests.integration.fleet import VerifyThread, draft_runtime, output_tokens, submit_spec
 from tests.integration.stack import TEST_REDIS
-from verify_worker.worker import VerifyWorker
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13]
 
@@ -30,15 +25,9 @@ def target():
 def fleet(target):
     client = redis.Redis.from_url(f"{TEST_REDIS}/10")
     client.flushdb()
-    worker = VerifyWorker(client=client, target=target, worker_id="verify-t", pool="cpu", kv_budget_bytes=1 << 26,
-                          profile={"verify_ms_1": 10.0, "verify_ms_4": 11.0, "verify_ms_9": 12.0})
-    worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.serve, args=(stop, 0.1), daemon=True)
-    thread.start()
+    verify = VerifyThread(client, target)
     yield client
-    stop.set()
-    thread.join(timeout=5)
+    verify.close()
     client.flushdb()
 
 
@@ -52,16 +41,15 @@ def reference_output(target, max_new_tokens: int) -> list[int]:
 
 def drive(client, draft_source: DraftSource, *, pipelined: bool, request_id: str, max_new_tokens: int,
           temperature: float = 0.0, seed: int | None = None, block_policy: str = "acceptance"):
-    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30),
-                        speculative=SpeculativeSettings(block_policy=block_policy))
-    runtime = DraftRuntime(settings=settings, client=client, draft_source=draft_source, worker_id="draft-t",
-                           profile={"draft_ms_per_token": 0.5})
+    runtime = draft_runtime(client, draft_source, pipelined=pipelined, block_policy=block_policy)
     spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True,
                        temperature=temperature, seed=seed)
-    client.set(request_key(request_id), spec.encode())  # what the gateway writes
-    summary = DraftSession(runtime, spec, []).run()
-    tokens = [t for event in read_events(client, request_id) for t in event.token_ids]
-    return tokens, summary, runtime
+    submit_spec(client, spec)
+    try:
+        summary = runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+    return output_tokens(client, request_id), summary, runtime
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram"])

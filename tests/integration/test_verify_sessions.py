@@ -1,10 +1,12 @@
 """The verify worker's session state: rebuild from the committed prefix, LRU eviction under a KV budget."""
 
 from services.engine import GenerationOptions, GenerationSession
-from services.protocol import OutputEvent, SessionSpec
-from services.speculative.sampling import SamplingParams
+from services.engine.target import run_step
+from services.engine.target_engine import TorchEngine
+from services.models.kv_store import PAGE_TOKENS
+from services.protocol import DraftBlock, OutputEvent, SessionSpec
 from tests.conftest import build_tiny_llama
-from verify_worker.sessions import SessionCache, build_session, kv_bytes_per_token
+from verify_worker.sessions import SessionTable, build_session
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12]
 
@@ -13,10 +15,16 @@ def spec(request_id: str, max_new_tokens: int = 20) -> SessionSpec:
     return SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True)
 
 
+def plain_round(engine, session) -> None:
+    session.target.set_draft([])
+    while run_step(engine, [session.target], [4])[0] is None:  # chunks of 4: the rebuild prefills in steps
+        pass
+
+
 def test_kv_bytes_per_token_formula():
-    target = build_tiny_llama(0)
+    engine = TorchEngine(build_tiny_llama(0))
     # 2 (k, v) x 2 layers x 2 kv heads x head_dim 8 x 4 bytes
-    assert kv_bytes_per_token(target) == 2 * 2 * 2 * 8 * 4
+    assert engine.store.shape.bytes_per_token == 2 * 2 * 2 * 8 * 4
 
 
 def test_rebuilt_session_continues_exactly_like_an_unbroken_one():
@@ -27,26 +35,33 @@ def test_rebuilt_session_continues_exactly_like_an_unbroken_one():
     first = reference.output_ids[:7]
     events = [OutputEvent(request_id="r", seq=0, token_ids=first[:3], num_output_tokens=3),
               OutputEvent(request_id="r", seq=1, token_ids=first[3:], num_output_tokens=7)]
-    session = build_session(target, spec("r"), events, chunk_size=4)
-    assert session.seq == 2 and session.num_committed == len(PROMPT) + 7
-    assert session.target_session.num_cached == session.num_committed - 1
-    while not session.output.finished:
-        verification = session.target_session.verify([], None, SamplingParams(), None)
-        session.output.accept([verification.next_token_id])
-    assert session.output.output_ids == reference.output_ids
+    engine = TorchEngine(target)
+    session = build_session(engine, spec("r"), events)
+    assert session.round == 2 and session.target.num_committed == len(PROMPT) + 7
+    assert session.target.num_cached == 0  # nothing computed until a step feeds it
+    while not session.target.finished:
+        plain_round(engine, session)
+    assert session.target.output.output_ids == reference.output_ids
+    assert session.target.num_cached == session.target.num_committed - 1
 
 
-def test_lru_eviction_under_budget():
+def test_lru_eviction_of_idle_sessions_under_budget():
     target = build_tiny_llama(0)
-    per_token = kv_bytes_per_token(target)
-    per_session = (len(PROMPT) - 1) * per_token  # a fresh session caches prompt[:-1]
-    cache = SessionCache(bytes_per_token=per_token, budget_bytes=2 * per_session)
+    engine = TorchEngine(target, budget_bytes=2 * PAGE_TOKENS * 2 * 2 * 2 * 8 * 4)  # two pages
+    table = SessionTable(engine)
     for name in ("a", "b"):
-        cache.put(name, build_session(target, spec(name), [], chunk_size=512))
-    assert len(cache) == 2 and cache.kv_bytes == 2 * per_session
-    cache.get("a")  # a is now the most recently used
-    cache.put("c", build_session(target, spec("c"), [], chunk_size=512))
-    assert "b" not in cache and "a" in cache and "c" in cache
-    assert cache.num_evictions == 1 and cache.kv_bytes <= cache.budget_bytes
-    popped = cache.pop("a")
-    assert popped.target_session.num_cached == 0  # freed
+        session = build_session(engine, spec(name), [])
+        table.put(session)
+        plain_round(engine, session)  # one page each
+    assert engine.store.used_bytes == engine.store.budget_bytes
+    table.touch(table.get("a"))  # a is now the most recently used
+    c = build_session(engine, spec("c"), [])
+    c.take(DraftBlock(request_id="c", round=0, num_committed=len(PROMPT), draft_ids=[]))
+    table.put(c)
+    needed = engine.store.growth_bytes(c.target.sequence, len(PROMPT))
+    assert table.evict_idle(needed)
+    assert "b" not in table and "a" in table and "c" in table and table.num_evictions == 1
+    assert not table.evict_idle(10 * needed)  # c has a block in hand and a is all that is left idle...
+    assert "a" not in table and "c" in table  # ...so a went too, and c is never evicted while working
+    popped = table.pop("c")
+    assert popped.target.sequence.released and engine.store.used_bytes == 0

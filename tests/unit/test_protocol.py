@@ -44,14 +44,33 @@ def test_oversized_payload_is_refused_before_parsing():
         (DraftBlock, b"\xc1garbage", "not valid msgpack"),
         (DraftBlock, msgpack.packb([1, 2]), "expected a map"),
         (DraftBlock, EXAMPLES[2].encode(), "expected a 'draft_block' message, got 'verdict'"),
-        (DraftBlock, msgpack.packb({"v": 1, "kind": "draft_block", "body": {"request_id": "r"}}), "bad fields"),
-        (Verdict, msgpack.packb({"v": 1, "kind": "verdict", "body": {**EXAMPLES[2].to_dict(), "evil": 1}}),
-         "unknown fields"),
+        (DraftBlock, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "draft_block",
+                                    "body": {"request_id": "r"}}), "bad fields"),
+        (Verdict, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "verdict",
+                                 "body": {**EXAMPLES[2].to_dict(), "stats": [1, 2]}}), "stats must be a map"),
+        (OutputEvent, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "output",
+                                     "body": {**EXAMPLES[3].to_dict(), "stats": {"num_drafts": -1}}}),
+         "stats.num_drafts must be a count"),
     ],
 )
 def test_bad_messages_raise_protocol_error(kind, raw, message):
     with pytest.raises(ProtocolError, match=message):
         kind.decode(raw)
+
+
+def test_unknown_fields_are_ignored_so_messages_can_grow():
+    body = {**EXAMPLES[2].to_dict(), "added_by_a_newer_sender": [1, 2]}
+    raw = msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "verdict", "body": body}, use_bin_type=True)
+    assert Verdict.decode(raw) == EXAMPLES[2]
+
+
+def test_stats_travel_whole():
+    event = OutputEvent(request_id="r", seq=3, token_ids=[1], num_output_tokens=4)
+    event.stats.observe(4, 2)
+    event.stats.observe(0, 0)
+    decoded = OutputEvent.decode(event.encode())
+    assert decoded.stats == event.stats and decoded.stats is not event.stats
+    assert decoded.stats.num_accepted_tokens_per_pos == [1, 1, 0, 0]
 
 
 def test_draft_probs_travel_as_float16():

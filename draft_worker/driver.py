@@ -1,0 +1,264 @@
+"""The draft worker's engine room: one thread drives every session of the process.
+
+Celery tasks (the control path: acks, redelivery, progress states) hand their
+session to the driver and wait for it to end; the driver does the hot path
+for all of them at once:
+
+- verdicts of every session arrive on one Redis list, this process's inbox,
+  popped in batches: one round trip however many sessions are running;
+- each verdict is applied and the session's next block drafted (or taken from
+  its speculation), and all blocks of the turn go out in one pipeline;
+- while blocks are out and no verdict waits, sessions speculate their next
+  block (pipelined drafting), yielding to the first verdict that arrives;
+- off the per-round path, every CONTROL_EVERY_S: cancellations, failover
+  (a block whose verify worker stopped heartbeating goes to the pool), and
+  verdict deadlines, each one pipelined round trip for all sessions.
+
+So a process drives hundreds of sessions; prompt lookup costs about nothing
+per block, and a model draft's cost is the only limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from draft_worker.session import DraftSession, SessionSummary
+from services import protocol
+from services.protocol import DraftBlock, OutputEvent, ProtocolError, Verdict
+from services.redis_client import RoundCommitter
+
+logger = logging.getLogger(__name__)
+
+CONTROL_EVERY_S = 0.2  # cancellations, liveness of verify workers, deadlines
+FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
+IDLE_WAIT_S = 0.5
+INBOX_BATCH = 256
+
+
+class SessionFailed(RuntimeError):
+    """The session cannot go on (no verify worker answered in time)."""
+
+
+@dataclass
+class SessionHandle:
+    """What a Celery task holds while the driver runs its session."""
+
+    session: DraftSession
+    done: threading.Event = field(default_factory=threading.Event)
+    summary: SessionSummary | None = None
+    error: str | None = None
+
+    def progress(self) -> dict:
+        return self.session.progress()
+
+
+class SessionDriver(threading.Thread):
+    def __init__(self, *, client: redis.Redis, worker_id: str, verdict_timeout_s: float) -> None:
+        super().__init__(daemon=True, name="draft-driver")
+        self.client = client
+        self.worker_id = worker_id
+        self.inbox = protocol.draft_inbox(worker_id)
+        self.verdict_timeout_s = verdict_timeout_s
+        self.committer = RoundCommitter(client)
+        self._handles: dict[str, SessionHandle] = {}
+        self._incoming: list[SessionHandle] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self.stopping = threading.Event()
+        self._controlled = 0.0
+        self.num_verdicts = 0
+
+    # --- called from task threads ---------------------------------------------------------------
+    def submit(self, session: DraftSession) -> SessionHandle:
+        handle = SessionHandle(session)
+        with self._lock:
+            self._incoming.append(handle)
+        self._wake.set()
+        return handle
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._handles) + len(self._incoming)
+
+    # --- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        logger.info("draft driver %s: verdicts on %s", self.worker_id, self.inbox)
+        while not self.stopping.is_set():
+            try:
+                self.turn()
+            except redis.RedisError:
+                logger.exception("draft driver: Redis error; retrying")
+                time.sleep(0.5)
+            except Exception:  # the process boundary: keep driving the other sessions
+                logger.exception("draft driver: unexpected error")
+                time.sleep(0.1)
+
+    def turn(self) -> None:
+        outgoing: list[tuple[SessionHandle, DraftBlock]] = []
+        self._start_new(outgoing)
+        raws = self._pop_verdicts(wait=not outgoing and not self._speculation_pending())
+        for raw in raws:
+            self._on_verdict(raw, outgoing)
+        self._send(outgoing)
+        if time.monotonic() - self._controlled >= CONTROL_EVERY_S:
+            self._controlled = time.monotonic()
+            self._control()
+        self._speculate()
+
+    def _start_new(self, outgoing: list) -> None:
+        with self._lock:
+            incoming, self._incoming = self._incoming, []
+        for handle in incoming:
+            self._handles[handle.session.request_id] = handle
+            outgoing.append((handle, handle.session.first_block()))
+
+    def _pop_verdicts(self, wait: bool) -> list[bytes]:
+        raws = self.client.lpop(self.inbox, INBOX_BATCH)
+        if raws or not wait:
+            return list(raws or [])
+        if not self._handles:
+            self._wake.wait(IDLE_WAIT_S)  # nothing running: sleep until a task submits a session
+            self._wake.clear()
+            return []
+        item = self.client.blpop([self.inbox], timeout=min(IDLE_WAIT_S, CONTROL_EVERY_S))
+        return [item[1]] if item else []
+
+    def _on_verdict(self, raw: bytes, outgoing: list) -> None:
+        try:
+            verdict = Verdict.decode(raw)
+        except ProtocolError as exc:
+            logger.warning("dropped a bad verdict: %s", exc)
+            return
+        self.num_verdicts += 1
+        handle = self._handles.get(verdict.request_id)
+        session = handle.session if handle else None
+        if session is None or session.in_flight is None or verdict.round != session.round:
+            logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round)
+            return
+        block = session.on_verdict(verdict)
+        if block is None:
+            self._finish(handle)
+        else:
+            outgoing.append((handle, block))
+
+    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]]) -> None:
+        """RPUSH every block to its session's sticky verify worker (the pool when none is known)."""
+        if not outgoing:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle, block in outgoing:
+                session = handle.session
+                worker = session.sticky_worker
+                queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
+                    session.spec.pool)
+                payload = block.encode()
+                session.sent(block, payload, worker)
+                pipe.rpush(queue, payload)
+            pipe.execute()
+
+    def _speculation_pending(self) -> bool:
+        return any(h.session.pipelined and h.session.in_flight is not None and h.session.in_flight.speculation is None
+                   and h.session.in_flight.block.draft_ids for h in self._handles.values())
+
+    def _speculate(self) -> None:
+        """Pipelined drafting for blocks in flight, until any verdict arrives."""
+        last_poll = [time.perf_counter()]
+
+        def verdict_ready() -> bool:
+            now = time.perf_counter()
+            if now - last_poll[0] < 0.002:
+                return False
+            last_poll[0] = now
+            return self.client.llen(self.inbox) > 0
+
+        for handle in list(self._handles.values()):
+            if verdict_ready():
+                return
+            handle.session.speculate(verdict_ready)
+
+    # --- control path ---------------------------------------------------------------------------
+    def _control(self) -> None:
+        handles = list(self._handles.values())
+        if not handles:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle in handles:
+                pipe.exists(protocol.cancel_key(handle.session.request_id))
+            cancelled = pipe.execute()
+        for handle, flag in zip(handles, cancelled):
+            if flag:
+                self._cancel(handle)
+        now = time.perf_counter()
+        waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
+        suspects = {h.session.in_flight.worker for h in waiting
+                    if h.session.in_flight.worker and now - h.session.in_flight.sent_at > FAILOVER_AFTER_S}
+        if suspects:
+            with self.client.pipeline(transaction=False) as pipe:
+                for worker in suspects:
+                    pipe.exists(protocol.heartbeat_key(worker))
+                alive = dict(zip(suspects, pipe.execute()))
+            for handle in waiting:
+                flight = handle.session.in_flight
+                if flight.worker in suspects and not alive[flight.worker]:
+                    self._fail_over(handle)
+        for handle in waiting:
+            if now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
+                self._finish(handle, error=f"no verify worker answered round {handle.session.round} of "
+                             f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
+
+    def _fail_over(self, handle: SessionHandle) -> None:
+        session = handle.session
+        flight = session.in_flight
+        logger.warning("request %s: verify worker %s is gone; resending round %d to pool %s",
+                       session.request_id, flight.worker, session.round, session.spec.pool)
+        session.sticky_worker = None
+        flight.worker = None
+        self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
+
+    def _cancel(self, handle: SessionHandle) -> None:
+        """Close the stream with a 'cancelled' event and free the verify side's KV cache."""
+        session = handle.session
+        stream = protocol.output_stream(session.request_id)
+        for _ in range(8):  # a verify worker may commit a round in between: retry at the new length
+            seq = int(self.client.xlen(stream))
+            last = self.client.xrevrange(stream, count=1)
+            if last and OutputEvent.decode(last[0][1][b"m"]).finished:
+                break
+            event = OutputEvent(request_id=session.request_id, seq=seq, token_ids=[],
+                                num_output_tokens=session.num_output, finished=True, finish_reason="cancelled",
+                                stats=session.stats)
+            if self.committer.commit(stream_key=stream, verdict_key=session.reply_to, expected_seq=seq,
+                                     event=event.encode(), verdict=b"") == -1:
+                break
+        worker = session.sticky_worker
+        queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(session.spec.pool)
+        self.client.rpush(queue, session.release_block().encode())
+        session.finish_reason = "cancelled"
+        self._finish(handle)
+
+    def _finish(self, handle: SessionHandle, error: str | None = None) -> None:
+        session = handle.session
+        self._handles.pop(session.request_id, None)
+        session.in_flight = None
+        session.release()
+        handle.error = error
+        handle.summary = session.summary()
+        handle.done.set()
+
+    def drive(self, session: DraftSession, on_tick: Callable[[dict], None] | None = None,
+              every_s: float = 2.0) -> SessionSummary:
+        """From a task thread: run `session` to its end, calling on_tick(progress) every every_s (lease
+        renewal, task progress state); raises SessionFailed when it cannot finish."""
+        handle = self.submit(session)
+        while not handle.done.wait(every_s):
+            if on_tick is not None:
+                on_tick(handle.progress())
+        if handle.error is not None:
+            raise SessionFailed(handle.error)
+        return handle.summary

@@ -1,0 +1,296 @@
+"""`mirror-sd bench --concurrency 1,4,8,16,32`: throughput and latency under load, the stack against plain
+batched decoding.
+
+Modes, at every concurrency level C (N requests, C in flight, closed loop):
+- `stack`: the running stack, speculative route (what the routing table picks);
+- `stack-ar`: the same stack, plain target decoding (`"route": "ar"`, same batched step, no draft);
+- `baseline`: the `stack` mode against another gateway (`--baseline-url`, e.g. an older build);
+- `hf-batch`: transformers' `generate` over left-padded static batches of C prompts, in this process.
+Modes take turns level by level, so a drift of the machine's speed hits all alike. Every greedy output of
+the stack modes is checked against single-stream target-only decoding in this process: a mismatch is
+reported with the prompt, the position and the target's top-2 logit gap there, and fails the run when the
+gap is above 1e-3 (fp32 batched matmuls may differ from batch 1 in the last bits, nothing more).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.bench.hf_batch import run_hf_batch_level
+from services.bench.load import LevelRun, run_level
+from services.bench.prompts import BenchPrompt
+from services.engine import GenerationOptions, generate
+from services.models.drafters import DraftSource
+from services.models.loading import LoadedModel
+from services.models.tokenization import encode_prompt
+
+logger = logging.getLogger(__name__)
+
+CONCURRENCY_MODES = ("stack", "stack-ar", "baseline", "hf-batch")
+MISMATCH_GAP = 1e-3
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency {text!r}: use a comma list of integers, e.g. 1,4,8,16") from None
+    if not levels or any(level < 1 for level in levels):
+        raise ValueError(f"--concurrency {text!r}: every level must be >= 1")
+    return sorted(set(levels))
+
+
+def parse_concurrency_modes(text: str, baseline_url: str | None) -> list[str]:
+    modes = list(dict.fromkeys(mode.strip() for mode in text.split(",") if mode.strip()))
+    for mode in modes:
+        if mode not in CONCURRENCY_MODES:
+            raise ValueError(f"unknown concurrency mode {mode!r}: use {', '.join(CONCURRENCY_MODES)}")
+    if "baseline" in modes and not baseline_url:
+        raise ValueError("the baseline mode needs --baseline-url (the other gateway)")
+    if not modes:
+        raise ValueError("no modes given")
+    return modes
+
+
+@dataclass
+class ConcurrencyConfig:
+    levels: list[int]
+    modes: list[str]
+    prompts: list[BenchPrompt]
+    max_tokens: int
+    url: str
+    model: str
+    baseline_url: str | None = None
+    api_key: str | None = None
+    redis_url: str | None = None
+    chat: bool = True
+    requests: int | None = None  # per level; default max(len(prompts), C)
+
+
+@dataclass
+class LevelRow:
+    mode: str
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    tpot_p50_ms: float | None
+    e2e_p50_s: float | None
+    acceptance_rate: float | None
+    mismatches: int
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Mismatch:
+    mode: str
+    concurrency: int
+    prompt_id: str
+    position: int
+    top2_gap: float
+
+    @property
+    def fatal(self) -> bool:
+        return self.top2_gap > MISMATCH_GAP
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1) of the values, None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(1000 * value, 2)
+
+
+def summarize(run: LevelRun, mismatches: int) -> LevelRow:
+    records = run.records
+    tokens = sum(record.num_tokens for record in records)
+    gaps = [gap for record in records for gap in record.chunk_gaps_s]
+    drafted = sum(record.stats.get("num_draft_tokens", 0) for record in records)
+    accepted = sum(record.stats.get("num_accepted_tokens", 0) for record in records)
+    return LevelRow(
+        mode=run.mode, concurrency=run.concurrency, requests=len(records), tokens=tokens, wall_s=round(run.wall_s, 3),
+        tokens_per_s=round(tokens / run.wall_s, 2) if run.wall_s else 0.0,
+        ttft_p50_ms=_ms(percentile([r.ttft_s for r in records if r.ttft_s is not None], 0.5)),
+        ttft_p99_ms=_ms(percentile([r.ttft_s for r in records if r.ttft_s is not None], 0.99)),
+        itl_p50_ms=_ms(percentile(gaps, 0.5)), itl_p99_ms=_ms(percentile(gaps, 0.99)),
+        tpot_p50_ms=_ms(percentile([r.tpot_s for r in records if r.tpot_s is not None], 0.5)),
+        e2e_p50_s=percentile([r.e2e_s for r in records], 0.5),
+        acceptance_rate=round(accepted / drafted, 3) if drafted else None,
+        mismatches=mismatches, extra=run.extra,
+    )
+
+
+def top2_gap(target: LoadedModel, context_ids: list[int]) -> float:
+    """The target's top-1 minus top-2 logit after context_ids (how close to a tie the token was)."""
+    with torch.inference_mode():
+        logits = target.model(torch.tensor([context_ids], device=target.device)).logits[0, -1].float()
+    best = torch.topk(logits, 2).values
+    return float(best[0] - best[1])
+
+
+def check_greedy(run: LevelRun, reference: dict[str, list[int]], encoded: dict[str, list[int]],
+                 target: LoadedModel) -> list[Mismatch]:
+    found = []
+    for record in run.records:
+        expected = reference[record.prompt_id]
+        if record.token_ids == expected:
+            continue
+        position = next((i for i, (a, b) in enumerate(zip(record.token_ids, expected)) if a != b),
+                        min(len(record.token_ids), len(expected)))
+        gap = top2_gap(target, [*encoded[record.prompt_id], *expected[:position]])
+        found.append(Mismatch(run.mode, run.concurrency, record.prompt_id, position, round(gap, 6)))
+    return found
+
+
+def _verify_counters(redis_url: str | None) -> dict[str, dict]:
+    """Cumulative step counters of every live verify worker (from their heartbeats)."""
+    if not redis_url:
+        return {}
+    from services.redis_client import connect, read_heartbeats
+
+    return {beat.worker_id: dict(beat.step_counters) for beat in read_heartbeats(connect(redis_url))
+            if beat.role == "verify" and beat.step_counters}
+
+
+def step_figures(before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """Mean rows per step and the share of step time outside the model's forward (bookkeeping: building
+    rows, the round math, commits) over a level, from the verify workers' counters."""
+    totals = {"steps": 0.0, "rows": 0.0, "forward_s": 0.0, "step_s": 0.0}
+    for worker, counters in after.items():
+        earlier = before.get(worker, {})
+        for key in totals:
+            totals[key] += counters.get(key, 0.0) - earlier.get(key, 0.0)
+    if not totals["steps"] or not totals["step_s"]:
+        return {}
+    return {"mean_rows_per_step": round(totals["rows"] / totals["steps"], 2),
+            "step_ms": round(1000 * totals["step_s"] / totals["steps"], 2),
+            "bookkeeping_share": round(1 - totals["forward_s"] / totals["step_s"], 4)}
+
+
+def reference_outputs(target: LoadedModel, prompts: list[BenchPrompt], encoded: dict[str, list[int]],
+                      max_tokens: int) -> dict[str, list[int]]:
+    """Single-stream target-only greedy decoding in this process: what every stack output must equal."""
+    options = GenerationOptions(max_new_tokens=max_tokens)
+    unique = {prompt.id: prompt for prompt in prompts}
+    return {pid: generate(target, DraftSource("none"), encoded[pid], options).token_ids for pid in unique}
+
+
+def level_prompts(prompts: list[BenchPrompt], concurrency: int, requests: int | None) -> list[BenchPrompt]:
+    count = requests or max(len(prompts), concurrency)
+    return [prompts[index % len(prompts)] for index in range(count)]
+
+
+def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_dir: Path,
+                          progress=print) -> tuple[list[LevelRow], list[Mismatch], list[Path]]:
+    encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
+    progress(f"reference: single-stream target-only decoding of {len(encoded)} prompts in this process")
+    reference = reference_outputs(target, config.prompts, encoded, config.max_tokens)
+    urls = {"stack": config.url, "stack-ar": config.url, "baseline": config.baseline_url}
+    for mode in config.modes:  # warm every stack up (models, caches, connections) before timing
+        if mode in urls:
+            run_level(urls[mode], config.model, config.prompts[:1], 1, max_tokens=8, api_key=config.api_key,
+                      route="ar" if mode == "stack-ar" else None)
+    rows: list[LevelRow] = []
+    mismatches: list[Mismatch] = []
+    for concurrency in config.levels:
+        batch = level_prompts(config.prompts, concurrency, config.requests)
+        for mode in config.modes:
+            if mode == "hf-batch":
+                run = run_hf_batch_level(target, batch, [encoded[p.id] for p in batch], concurrency,
+                                         max_tokens=config.max_tokens)
+                notes = check_greedy(run, reference, encoded, target)
+                run.extra["greedy_mismatches_noted"] = len(notes)  # transformers' padding: not ours to fail on
+                found = []
+            else:
+                counters = _verify_counters(config.redis_url) if mode != "baseline" else {}
+                run = run_level(urls[mode], config.model, batch, concurrency, max_tokens=config.max_tokens,
+                                api_key=config.api_key, route="ar" if mode == "stack-ar" else None, mode=mode)
+                if mode != "baseline":
+                    run.extra.update(step_figures(counters, _verify_counters(config.redis_url)))
+                found = check_greedy(run, reference, encoded, target)
+            mismatches += found
+            row = summarize(run, len(found))
+            rows.append(row)
+            progress(f"C={concurrency:<3} {mode:9} {row.tokens_per_s:7.1f} tok/s  TTFT p50 {row.ttft_p50_ms} ms  "
+                     f"ITL p50/p99 {row.itl_p50_ms}/{row.itl_p99_ms} ms  {row.extra}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [write_json(out_dir / "concurrency.json", config, rows, mismatches),
+             write_markdown(out_dir / "concurrency.md", rows, mismatches)]
+    plot = plot_concurrency(rows, out_dir / "throughput_vs_concurrency.png")
+    return rows, mismatches, files + ([plot] if plot else [])
+
+
+def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mismatches: list[Mismatch]) -> Path:
+    meta = {"levels": config.levels, "modes": config.modes, "max_tokens": config.max_tokens,
+            "prompts": [p.id for p in config.prompts], "url": config.url, "baseline_url": config.baseline_url}
+    path.write_text(json.dumps({"meta": meta, "rows": [asdict(row) for row in rows],
+                                "mismatches": [{**asdict(m), "fatal": m.fatal} for m in mismatches]}, indent=1))
+    return path
+
+
+def _cell(value) -> str:
+    return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch]) -> Path:
+    by_key = {(row.mode, row.concurrency): row for row in rows}
+    lines = ["| mode | C | tok/s | x one stream | x hf-batch | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms "
+             "| acceptance | rows/step | bookkeeping | mismatches |", "|" + "---|" * 12]
+    for row in rows:
+        single = by_key.get((row.mode, min(c for m, c in by_key if m == row.mode)))
+        peer = by_key.get(("hf-batch", row.concurrency))
+        lines.append("| " + " | ".join([
+            row.mode, str(row.concurrency), f"{row.tokens_per_s:.1f}",
+            f"{row.tokens_per_s / single.tokens_per_s:.2f}" if single and single.tokens_per_s else "–",
+            f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer and peer.tokens_per_s else "–",
+            f"{_cell(row.ttft_p50_ms)} / {_cell(row.ttft_p99_ms)}", f"{_cell(row.itl_p50_ms)} / {_cell(row.itl_p99_ms)}",
+            _cell(row.tpot_p50_ms), _cell(row.acceptance_rate), _cell(row.extra.get("mean_rows_per_step")),
+            f"{row.extra['bookkeeping_share']:.1%}" if "bookkeeping_share" in row.extra else "–",
+            str(row.mismatches)]) + " |")
+    for mismatch in mismatches:
+        lines.append(f"\n{'MISMATCH' if mismatch.fatal else 'near-tie'} {mismatch.mode} C={mismatch.concurrency} "
+                     f"{mismatch.prompt_id} at token {mismatch.position}: top-2 logit gap {mismatch.top2_gap:g}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def plot_concurrency(rows: list[LevelRow], path: Path) -> Path | None:
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in dict.fromkeys(row.mode for row in rows):
+        points = sorted((row.concurrency, row.tokens_per_s, row.itl_p99_ms) for row in rows if row.mode == mode)
+        throughput.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=mode)
+        latency.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=mode)
+    for axes, label in ((throughput, "aggregate tokens/s"), (latency, "inter-token latency p99 (ms)")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("requests in flight")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    throughput.set_title("Throughput vs concurrency")
+    latency.set_title("Tail inter-token latency")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

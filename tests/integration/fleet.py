@@ -1,0 +1,52 @@
+"""An in-process fleet for tests on tiny models: verify workers as threads over a real Redis, and draft
+runtimes whose driver threads drive sessions, exactly as the worker processes do."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import redis
+
+from draft_worker.runtime import DraftRuntime
+from services.config import SchedulerSettings, Settings, SpeculativeSettings, WorkerSettings
+from services.engine.target_engine import TorchEngine
+from services.models.drafters import DraftSource
+from services.protocol import SessionSpec, request_key
+from services.redis_client import read_events
+from verify_worker.worker import VerifyWorker
+
+CURVE = {"verify_ms_1": 10.0, "verify_ms_4": 11.0, "verify_ms_9": 12.0}
+
+
+class VerifyThread:
+    def __init__(self, client: redis.Redis, target, *, worker_id: str = "verify-t", pool: str = "cpu",
+                 scheduler: SchedulerSettings | None = None, kv_budget_bytes: int = 1 << 26,
+                 profile: dict | None = None) -> None:
+        self.worker = VerifyWorker(client=client, engine=TorchEngine(target, budget_bytes=kv_budget_bytes),
+                                   worker_id=worker_id, pool=pool, scheduler=scheduler,
+                                   profile=CURVE if profile is None else profile)
+        self.worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.worker.serve, args=(self.stop, 0.1), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def draft_runtime(client: redis.Redis, source: DraftSource, *, pipelined: bool = True,
+                  block_policy: str = "acceptance") -> DraftRuntime:
+    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30),
+                        speculative=SpeculativeSettings(block_policy=block_policy))
+    return DraftRuntime(settings=settings, client=client, draft_source=source,
+                        worker_id=f"draft-{uuid.uuid4().hex[:8]}", profile={"draft_ms_per_token": 0.5})
+
+
+def submit_spec(client: redis.Redis, spec: SessionSpec) -> None:
+    client.set(request_key(spec.request_id), spec.encode())  # what the gateway writes
+
+
+def output_tokens(client: redis.Redis, request_id: str) -> list[int]:
+    return [token for event in read_events(client, request_id) for token in event.token_ids]
