@@ -6,10 +6,13 @@ for all of them at once:
 
 - verdicts of every session arrive on one Redis list, this process's inbox,
   popped in batches: one round trip however many sessions are running;
-- each verdict is applied and the session's next block drafted (or taken from
-  its speculation), and all blocks of the turn go out in one pipeline;
-- while blocks are out and no verdict waits, sessions speculate their next
-  block (pipelined drafting), yielding to the first verdict that arrives;
+- each verdict is applied; the next blocks of every session answered in this
+  turn are drafted together (a model draft steps all of them in one forward
+  per draft position) or taken from their speculation, and all go out in one
+  pipeline;
+- while blocks are out and no verdict waits, every session's next block is
+  speculated (pipelined drafting), again stepped together, yielding to the
+  first verdict that arrives;
 - off the per-round path, every CONTROL_EVERY_S: cancellations, failover
   (a block whose verify worker stopped heartbeating goes to the pool), and
   verdict deadlines, each one pipelined round trip for all sessions.
@@ -28,9 +31,12 @@ from dataclasses import dataclass, field
 
 import redis
 
+from draft_worker.pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled
 from draft_worker.session import DraftSession, SessionSummary
 from services import protocol
-from services.protocol import DraftBlock, OutputEvent, ProtocolError, Verdict
+from services.models.drafters.base import DraftProposal
+from services.models.drafters.batched import propose_many
+from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
 from services.redis_client import RoundCommitter
 
 logger = logging.getLogger(__name__)
@@ -100,23 +106,38 @@ class SessionDriver(threading.Thread):
                 time.sleep(0.1)
 
     def turn(self) -> None:
-        outgoing: list[tuple[SessionHandle, DraftBlock]] = []
-        self._start_new(outgoing)
-        raws = self._pop_verdicts(wait=not outgoing and not self._speculation_pending())
+        ready: list[SessionHandle] = []  # sessions whose next block is built this turn
+        self._start_new(ready)
+        raws = self._pop_verdicts(wait=not ready and not self._speculation_pending())
         for raw in raws:
-            self._on_verdict(raw, outgoing)
-        self._send(outgoing)
+            self._on_verdict(raw, ready)
+        self._send(self._next_blocks(ready))
         if time.monotonic() - self._controlled >= CONTROL_EVERY_S:
             self._controlled = time.monotonic()
             self._control()
         self._speculate()
 
-    def _start_new(self, outgoing: list) -> None:
+    def _start_new(self, ready: list[SessionHandle]) -> None:
         with self._lock:
             incoming, self._incoming = self._incoming, []
         for handle in incoming:
             self._handles[handle.session.request_id] = handle
-            outgoing.append((handle, handle.session.first_block()))
+            ready.append(handle)
+
+    def _next_blocks(self, ready: list[SessionHandle]) -> list[tuple[SessionHandle, DraftBlock]]:
+        """Every ready session's next block, the drafting of all of them in one batched call (a model draft
+        steps them together: services/models/drafters/batched.py)."""
+        calls = [(handle, handle.session.draft_call()) for handle in ready]
+        wanted = [(handle, call) for handle, call in calls if call is not None]
+        proposals: dict[int, tuple[DraftProposal, float]] = {}
+        if wanted:
+            started = time.perf_counter()
+            drafted = propose_many([call for _, call in wanted])
+            elapsed = time.perf_counter() - started
+            total = sum(len(proposal.token_ids) for proposal in drafted) or 1
+            for (handle, _), proposal in zip(wanted, drafted):  # the batch's time, shared by tokens drafted
+                proposals[id(handle)] = (proposal, elapsed * len(proposal.token_ids) / total)
+        return [(handle, handle.session.next_block(*proposals.get(id(handle), (None, 0.0)))) for handle in ready]
 
     def _pop_verdicts(self, wait: bool) -> list[bytes]:
         raws = self.client.lpop(self.inbox, INBOX_BATCH)
@@ -129,23 +150,27 @@ class SessionDriver(threading.Thread):
         item = self.client.blpop([self.inbox], timeout=min(IDLE_WAIT_S, CONTROL_EVERY_S))
         return [item[1]] if item else []
 
-    def _on_verdict(self, raw: bytes, outgoing: list) -> None:
+    def _on_verdict(self, raw: bytes, ready: list[SessionHandle]) -> None:
         try:
-            verdict = Verdict.decode(raw)
+            message = decode_one_of(raw, (Verdict, BlockTaken))
         except ProtocolError as exc:
-            logger.warning("dropped a bad verdict: %s", exc)
+            logger.warning("dropped a bad message in the inbox: %s", exc)
             return
-        self.num_verdicts += 1
-        handle = self._handles.get(verdict.request_id)
+        handle = self._handles.get(message.request_id)
         session = handle.session if handle else None
+        if isinstance(message, BlockTaken):  # the pool's worker that has the block: watch its heartbeat
+            if session is not None and session.in_flight is not None and message.round == session.round:
+                session.in_flight.worker = session.sticky_worker = message.worker_id
+            return
+        verdict = message
+        self.num_verdicts += 1
         if session is None or session.in_flight is None or verdict.round != session.round:
             logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round)
             return
-        block = session.on_verdict(verdict)
-        if block is None:
+        if session.on_verdict(verdict):
             self._finish(handle)
         else:
-            outgoing.append((handle, block))
+            ready.append(handle)
 
     def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]]) -> None:
         """RPUSH every block to its session's sticky verify worker (the pool when none is known)."""
@@ -162,25 +187,19 @@ class SessionDriver(threading.Thread):
                 pipe.rpush(queue, payload)
             pipe.execute()
 
+    def _speculations(self) -> list[SpeculationState]:
+        states = (handle.session.speculation() for handle in self._handles.values())
+        return [state for state in states if state is not None and not state.done]
+
     def _speculation_pending(self) -> bool:
-        return any(h.session.pipelined and h.session.in_flight is not None and h.session.in_flight.speculation is None
-                   and h.session.in_flight.block.draft_ids for h in self._handles.values())
+        return bool(self._speculations())
 
     def _speculate(self) -> None:
-        """Pipelined drafting for blocks in flight, until any verdict arrives."""
-        last_poll = [time.perf_counter()]
-
-        def verdict_ready() -> bool:
-            now = time.perf_counter()
-            if now - last_poll[0] < 0.002:
-                return False
-            last_poll[0] = now
-            return self.client.llen(self.inbox) > 0
-
-        for handle in list(self._handles.values()):
-            if verdict_ready():
-                return
-            handle.session.speculate(verdict_ready)
+        """Pipelined drafting for the blocks in flight, every session's speculation stepped together,
+        until any verdict arrives."""
+        states = self._speculations()
+        if states:
+            speculate_many(states, throttled(lambda: self.client.llen(self.inbox) > 0, POLL_EVERY_S))
 
     # --- control path ---------------------------------------------------------------------------
     def _control(self) -> None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.models.drafters.base import Drafter
+from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.batched import DraftCall, propose_many
 from services.protocol import Verdict
 from services.speculative.sampling import SamplingParams
 
@@ -39,6 +40,67 @@ class Speculation:
     finished_at: float  # wall clock (time.time) when drafting it ended
 
 
+class SpeculationState:
+    """One session's speculation in progress: the bonus guess, then block k+1, a call at a time.
+
+    A stepwise drafter (a model draft) drafts one token per call, so a batch of sessions advances together
+    and stops between any two tokens when a verdict arrives; any other drafter drafts the guess, then the
+    block, in two calls, exactly as that round would draft it."""
+
+    def __init__(self, drafter: Drafter, context: Sequence[int], next_length: int, sampling: SamplingParams,
+                 generator: torch.Generator | None, guess_generator: torch.Generator | None = None) -> None:
+        self.drafter = drafter
+        self.context = list(context)  # committed + block k, assumed accepted whole
+        self.next_length = next_length
+        self.sampling = sampling
+        self.generator = generator  # round k+1's own stream
+        self.guess_generator = guess_generator or generator
+        self.stepwise = bool(getattr(drafter, "stepwise", False))
+        self.tokens: list[int] = []
+        self.probs: list[torch.Tensor] = []
+        self.elapsed_s = 0.0
+        self.stalled = False  # the drafter had nothing more to propose
+
+    @property
+    def done(self) -> bool:
+        return self.stalled or len(self.tokens) >= self.next_length + 1
+
+    def next_call(self) -> DraftCall:
+        if not self.tokens:  # the guess of the bonus token, from its own stream
+            return DraftCall(self.drafter, self.context, 1, self.sampling, self.guess_generator)
+        count = 1 if self.stepwise else self.next_length + 1 - len(self.tokens)
+        return DraftCall(self.drafter, [*self.context, *self.tokens], count, self.sampling, self.generator)
+
+    def add(self, proposal: DraftProposal, elapsed_s: float) -> None:
+        self.elapsed_s += elapsed_s
+        if not proposal.token_ids:
+            self.stalled = True
+            return
+        self.tokens.extend(proposal.token_ids)
+        self.probs.extend(proposal.probs if proposal.probs is not None else [])
+
+    def result(self) -> Speculation | None:
+        """The speculation as drafted so far; None when not even the guess was drafted."""
+        if not self.tokens:
+            return None
+        draft_probs = torch.stack(self.probs[1:]) if len(self.probs) > 1 else None
+        return Speculation(self.tokens[0], self.tokens[1:], draft_probs, self.elapsed_s, time.time())
+
+
+def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> None:
+    """Advance every state, one batched draft call per step (services/models/drafters/batched.py), until all
+    are done or verdict_ready() says a verdict waits: speculation holds up the critical path by one step
+    at most."""
+    active = [state for state in states if not state.done]
+    while active and not verdict_ready():
+        started = time.perf_counter()
+        proposals = propose_many([state.next_call() for state in active])
+        share = (time.perf_counter() - started) / len(active)
+        for state, proposal in zip(active, proposals):
+            state.add(proposal, share)
+        active = [state for state in active if not state.done]
+
+
 def speculate(
     drafter: Drafter,
     committed: Sequence[int],
@@ -50,44 +112,32 @@ def speculate(
     poll_every_s: float = POLL_EVERY_S,
     guess_generator: torch.Generator | None = None,
 ) -> Speculation | None:
-    """Draft the bonus guess plus up to next_length tokens after committed + draft_ids, one token at a
-    time, stopping as soon as the verdict is ready (checked at most every poll_every_s): speculation
-    never holds up the critical path by more than one draft step. None: nothing usable was drafted.
+    """One session's speculation: the bonus guess plus up to next_length tokens after committed +
+    draft_ids, stopping as soon as the verdict is ready (asked at most every poll_every_s). None: nothing
+    usable was drafted.
 
     Sampling: the guess draws from guess_generator, the block from `generator` (the next round's own
     stream), so a speculated block is the very block that round would draft: output never depends on
     when the verdict arrived."""
     if next_length <= 0 or not draft_ids:
         return None
-    started = time.perf_counter()
-    context = [*committed, *draft_ids]
-    tokens: list[int] = []
-    probs: list[torch.Tensor] = []
+    state = SpeculationState(drafter, [*committed, *draft_ids], next_length, sampling, generator, guess_generator)
+    speculate_many([state], throttled(verdict_ready, poll_every_s))
+    return state.result()
 
-    def draft(count: int, stream: torch.Generator | None) -> bool:
-        proposal = drafter.propose([*context, *tokens], count, sampling, stream)
-        tokens.extend(proposal.token_ids)
-        probs.extend(proposal.probs if proposal.probs is not None else [])
-        return bool(proposal.token_ids)
 
-    if not getattr(drafter, "stepwise", False):
-        # the guess, then the block in one call, exactly as that round would draft it
-        if draft(1, guess_generator or generator):
-            draft(next_length, generator)
-    else:
-        last_poll = started
-        while len(tokens) < next_length + 1:
-            now = time.perf_counter()
-            if now - last_poll >= poll_every_s:
-                last_poll = now
-                if verdict_ready():
-                    break
-            if not draft(1, generator if tokens else guess_generator or generator):
-                break
-    if not tokens:
-        return None
-    draft_probs = torch.stack(probs[1:]) if len(probs) > 1 else None
-    return Speculation(tokens[0], tokens[1:], draft_probs, time.perf_counter() - started, time.time())
+def throttled(ready: Callable[[], bool], every_s: float) -> Callable[[], bool]:
+    """ready(), asked at most every every_s (a Redis round trip per draft token would cost more than it saves)."""
+    last = [time.perf_counter()]
+
+    def check() -> bool:
+        now = time.perf_counter()
+        if now - last[0] < every_s:
+            return False
+        last[0] = now
+        return ready()
+
+    return check
 
 
 def speculation_holds(speculation: Speculation, num_sent: int, verdict: Verdict) -> bool:

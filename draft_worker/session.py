@@ -1,10 +1,11 @@
 """One session on the draft side, as a state machine with no I/O of its own: next block, verdict, repeat.
 
 The driver (draft_worker/driver.py) owns the Redis traffic of every session
-of the process and calls in here: `first_block()` once, `on_verdict()` per
-verdict (which returns the next block, or None when the request ended), and
-`speculate()` while a block is out, to draft block k+1 on the assumption
-that block k is accepted whole (draft_worker/pipeline.py).
+of the process and calls in here: `on_verdict()` per verdict, `draft_call()`
+and `next_block()` for each block (the driver drafts many sessions' calls
+together), and `speculation()` while a block is out, whose state the driver
+steps with other sessions' to draft block k+1 on the assumption that block k
+is accepted whole (draft_worker/pipeline.py).
 
 Block length: the controller (services/speculative/block_length.py) reads
 acceptance from the verdicts and, under the cost policy, the load: each
@@ -22,12 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draft_worker.pipeline import DraftTiming, Speculation, hidden_seconds, speculate, speculation_holds
+from draft_worker.pipeline import DraftTiming, SpeculationState, hidden_seconds, speculation_holds
 from services import protocol
 from services.config import SpeculativeSettings
-from services.models.drafters.base import Drafter
+from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.batched import DraftCall
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import BlockLengthController
+from services.speculative.block_length import BlockLengthController, PoolAcceptance
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
@@ -76,13 +78,13 @@ class InFlight:
     worker: str | None  # the sticky worker it went to; None = the pool
     sent_at: float  # perf_counter
     sent_wall: float  # time.time
-    speculation: Speculation | None = None
+    speculating: SpeculationState | None = None  # block k+1, drafted while this block is verified
 
 
 class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
-                 pipelined: bool) -> None:
+                 pipelined: bool, pool_acceptance: PoolAcceptance | None = None) -> None:
         self.spec = spec
         self.request_id = spec.request_id
         self.committed: list[int] = [*spec.prompt_ids, *(t for e in events for t in e.token_ids)]
@@ -90,7 +92,10 @@ class DraftSession:
         self.round = len(events)
         self.resumed_from_round = self.round
         self.drafter = drafter if spec.route == "sd" else None
-        self.controller = BlockLengthController(speculative, cost=cost)
+        self.pool_acceptance = pool_acceptance
+        prior = pool_acceptance.alpha() if pool_acceptance is not None else None
+        explore = pool_acceptance.explore() if pool_acceptance is not None else True
+        self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                                        seed=spec.seed)
@@ -103,12 +108,11 @@ class DraftSession:
         self.timing = DraftTiming()
         self.in_flight: InFlight | None = None
         self.finish_reason: str | None = None
-        self._prepared: DraftBlock | None = None  # block k+1, drafted while block k was verified
+        # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
+        self._ready_ids: list[int] = []
+        self._ready_probs: torch.Tensor | None = None
 
     # --- blocks ---------------------------------------------------------------------------------
-    def first_block(self) -> DraftBlock:
-        return self._next_block()
-
     def _block_length(self, gamma: int | None = None, num_output: int | None = None) -> int:
         """gamma (default: the controller's) within the request's limits: a round emits up to gamma + 1
         tokens, and a degraded pool caps gamma."""
@@ -138,19 +142,33 @@ class DraftSession:
             num_rounds=num_rounds,
         )
 
-    def _next_block(self) -> DraftBlock:
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None:
-            return prepared
-        num_draft_tokens = self._block_length()
-        if num_draft_tokens <= 0:
+    def draft_call(self) -> DraftCall | None:
+        """What the next block still needs drafted (the driver drafts the calls of many sessions together);
+        None when the block needs no drafting (target-only, or a speculated block that is long enough)."""
+        length = self._block_length()
+        have = len(self._ready_ids)
+        if length <= have:
+            return None
+        return DraftCall(self.drafter, [*self.committed, *self._ready_ids], length - have, self.sampling,
+                         self._stream(self.round))
+
+    def next_block(self, proposal: DraftProposal | None = None, draft_s: float = 0.0) -> DraftBlock:
+        """The next block: the speculated tokens ready for it, topped up with `proposal` (draft_call's)."""
+        self.timing.draft_s += draft_s
+        length = self._block_length()
+        ready_ids, ready_probs = self._ready_ids, self._ready_probs
+        self._ready_ids, self._ready_probs = [], None
+        if length <= 0:
             return self._make_block([], None, self._plain_rounds())
-        started = time.perf_counter()
-        proposal = self.drafter.propose(self.committed, num_draft_tokens, self.sampling, self._stream(self.round))
-        self.timing.draft_s += time.perf_counter() - started
-        if not proposal.token_ids:  # nothing to propose (no lookup match): one target-only round
+        draft_ids = ready_ids[:length]
+        probs = ready_probs[:length] if ready_probs is not None else None
+        if proposal is not None and proposal.token_ids:
+            draft_ids = [*draft_ids, *proposal.token_ids]
+            if proposal.probs is not None:
+                probs = proposal.probs if probs is None else torch.cat([probs, proposal.probs])
+        if not draft_ids:  # nothing to propose (no lookup match): one target-only round
             return self._make_block([], None)
-        return self._make_block(proposal.token_ids, proposal.probs)
+        return self._make_block(draft_ids, probs)
 
     def _stream(self, round_index: int) -> torch.Generator:
         """Round r's draft randomness: its own seeded stream, so the draft of a round is the same
@@ -164,45 +182,35 @@ class DraftSession:
         self.in_flight = InFlight(block, payload, worker, time.perf_counter(), time.time())
 
     # --- pipelining -----------------------------------------------------------------------------
-    def speculate(self, verdict_ready) -> None:
-        """Draft block k+1 while block k is being verified (assuming k is accepted whole); stops as soon
-        as verdict_ready() (any verdict waiting for this process) says so."""
+    def speculation(self) -> SpeculationState | None:
+        """The speculation of block k+1 while block k is out (assuming k is accepted whole): started on the
+        first call, then the same state, which the driver steps together with other sessions'."""
         flight = self.in_flight
-        if not self.pipelined or flight is None or flight.speculation is not None or not flight.block.draft_ids:
-            return
-        num_sent = len(flight.block.draft_ids)
-        next_length = self._block_length(self.controller.after(num_sent, num_sent), self.num_output + num_sent + 1)
-        speculation = speculate(self.drafter, self.committed, flight.block.draft_ids, next_length, self.sampling,
-                                self._stream(self.round + 1), verdict_ready=verdict_ready,
-                                guess_generator=self.sampling.make_stream("guess", self.round))
-        if speculation is not None:
-            flight.speculation = speculation
+        if not self.pipelined or flight is None or not flight.block.draft_ids:
+            return None
+        if flight.speculating is None:
+            num_sent = len(flight.block.draft_ids)
+            next_length = self._block_length(self.controller.after(num_sent, num_sent),
+                                             self.num_output + num_sent + 1)
+            if next_length <= 0:
+                return None
+            flight.speculating = SpeculationState(self.drafter, [*self.committed, *flight.block.draft_ids],
+                                                  next_length, self.sampling, self._stream(self.round + 1),
+                                                  self.sampling.make_stream("guess", self.round))
             self.timing.speculations += 1
-            self.timing.speculation_s += speculation.elapsed_s
-
-    def _top_up(self, speculation: Speculation, length: int) -> DraftBlock:
-        """The speculated block, cut to `length` or completed on the critical path when the verdict
-        cut the speculation short."""
-        draft_ids = speculation.draft_ids[:length]
-        probs = speculation.draft_probs[:length] if speculation.draft_probs is not None else None
-        if len(draft_ids) < length:
-            started = time.perf_counter()
-            more = self.drafter.propose([*self.committed, *draft_ids], length - len(draft_ids), self.sampling,
-                                        self._stream(self.round))
-            self.timing.draft_s += time.perf_counter() - started
-            draft_ids = [*draft_ids, *more.token_ids]
-            if probs is not None and more.probs is not None:
-                probs = torch.cat([probs, more.probs])
-        return self._make_block(draft_ids, probs)
+        return flight.speculating
 
     # --- verdicts -------------------------------------------------------------------------------
-    def on_verdict(self, verdict: Verdict, verdict_wall: float | None = None) -> DraftBlock | None:
-        """Apply the verdict of the block in flight; the next block, or None when the request ended."""
+    def on_verdict(self, verdict: Verdict) -> bool:
+        """Apply the verdict of the block in flight; True when the request ended. The next block then comes
+        from draft_call() and next_block()."""
         flight = self.in_flight
         assert flight is not None and verdict.round == self.round, "a verdict for another round"
         self.in_flight = None
         round_trip_s = time.perf_counter() - flight.sent_at
-        speculation = flight.speculation
+        speculation = flight.speculating.result() if flight.speculating is not None else None
+        if speculation is not None:
+            self.timing.speculation_s += speculation.elapsed_s
         if verdict.worker_id and verdict.verify_started_at:
             # transport = round trip - time in the verify worker - the time the verdict sat unread while
             # we were still speculating (wall clocks of two hosts: a small skew stays in the figure)
@@ -217,23 +225,25 @@ class DraftSession:
         self.controller.observe_load(verdict.batch_rows)
         if verdict.num_draft_tokens or flight.block.draft_ids:
             self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
+            if self.pool_acceptance is not None:
+                self.pool_acceptance.observe(verdict.num_draft_tokens, verdict.num_accepted)
         for _ in range(verdict.num_rounds - (1 if flight.block.draft_ids else 0)):
             self.controller.update(0, 0)
         self.sticky_worker = verdict.worker_id or self.sticky_worker
         self.round += verdict.num_rounds
         if verdict.finished:
             self.finish_reason = verdict.finish_reason or "stop"
-            return None
+            return True
         if speculation is not None and verdict.num_rounds == 1 and \
                 speculation_holds(speculation, len(flight.block.draft_ids), verdict):
-            length = self._block_length()
-            if length > 0 and speculation.draft_ids:
-                self._prepared = self._top_up(speculation, length)
+            if self._block_length() > 0 and speculation.draft_ids:
+                # the speculated block is this round's; a short one is topped up from the same stream
+                self._ready_ids, self._ready_probs = speculation.draft_ids, speculation.draft_probs
                 self.timing.speculation_hits += 1
                 self.timing.hidden_s += hidden_seconds(speculation, flight.sent_wall, verdict.verify_finished_at)
-        if self._prepared is None:
+        if not self._ready_ids:
             self._streams.pop(self.round, None)  # a dropped speculation used this round's stream: start it over
-        return self._next_block()
+        return False
 
     # --- the end --------------------------------------------------------------------------------
     def summary(self) -> SessionSummary:

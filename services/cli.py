@@ -214,7 +214,7 @@ def bench(
                            target=target, limit=limit, per_group=per_group, categories=categories,
                            max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests,
                            max_new_tokens=max_new_tokens, threads=threads, chat=chat, out=out, url=url,
-                           baseline_url=baseline_url, api_key=api_key, redis_url=redis_url)
+                           baseline_url=baseline_url, api_key=api_key, redis_url=redis_url, repeat=repeat)
         return
     if block_policy is not None:
         if block_policy not in ("acceptance", "cost"):
@@ -259,7 +259,7 @@ def bench(
 def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: int | None, per_group: int | None,
                        categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
                        max_new_tokens: int, threads: int | None, chat: bool, out: str, url: str,
-                       baseline_url: str | None, api_key: str | None, redis_url: str | None) -> None:
+                       baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int) -> None:
     from pathlib import Path
 
     from services.bench.concurrency import (
@@ -282,7 +282,8 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
         config = ConcurrencyConfig(levels=parse_levels(levels), modes=parse_concurrency_modes(modes, baseline_url),
                                    prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,
                                    baseline_url=baseline_url, api_key=api_key,
-                                   redis_url=redis_url or settings.redis_url, chat=chat, requests=requests)
+                                   redis_url=redis_url or settings.redis_url, chat=chat, requests=requests,
+                                   repeat=repeat)
     except ValueError as exc:
         _fail(str(exc))
     if not config.prompts:
@@ -732,7 +733,7 @@ def models_step_profile(
     """Time batched target steps over rows x tokens per row (the grid the load-aware controller reads)."""
     from services.config import get_settings
     from services.engine.profile import measure_verify_profile, step_table
-    from services.engine.target_engine import TorchEngine
+    from services.models.engine import TorchEngine
     from services.models.loading import load_model
     from services.models.random_shapes import build_random_model
 

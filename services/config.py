@@ -118,8 +118,9 @@ class SchedulerSettings(BaseModel):
     timeout_ms: float = Field(50.0, ge=0.0, validation_alias=AliasChoices("timeout_ms", "batch_timeout_ms"),
                               description="batch window: how long a step may wait for blocks known to be "
                               "coming (sessions that just got a verdict); no wait when none is")
-    max_batch_tokens: int = Field(256, ge=1, description="tokens in one step (like vLLM's max_num_batched_tokens): "
-                                  "prompts are prefilled in chunks within it, so running streams never stall")
+    max_batch_tokens: int = Field(128, ge=1, description="tokens in one step (like vLLM's max_num_batched_tokens): "
+                                  "prompts are prefilled in chunks within it, so running streams are held up by at "
+                                  "most one chunk per step; raise it where a step's cost is flat in tokens (GPUs)")
     similarity_threshold: float = Field(0.8, ge=0.0, le=1.0)
 
 

@@ -117,27 +117,7 @@ class Message:
 
     @classmethod
     def decode(cls: type[M], data: bytes) -> M:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ProtocolError(f"{cls.KIND}: expected bytes, got {type(data).__name__}")
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise ProtocolError(f"{cls.KIND}: message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-        try:
-            payload = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as exc:  # msgpack raises several unrelated types
-            raise ProtocolError(f"{cls.KIND}: not valid msgpack ({exc})") from exc
-        if not isinstance(payload, dict):
-            raise ProtocolError(f"{cls.KIND}: expected a map, got {type(payload).__name__}")
-        if payload.get("v") != PROTOCOL_VERSION:
-            raise ProtocolError(f"{cls.KIND}: unsupported protocol version {payload.get('v')!r}, this side speaks {PROTOCOL_VERSION}")
-        if payload.get("kind") != cls.KIND:
-            raise ProtocolError(f"expected a {cls.KIND!r} message, got {payload.get('kind')!r}")
-        body = payload.get("body")
-        if not isinstance(body, dict):
-            raise ProtocolError(f"{cls.KIND}: body must be a map")
-        try:
-            return cls.from_dict(body)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ProtocolError(f"{cls.KIND}: bad fields ({exc})") from exc
+        return decode_one_of(data, (cls,))
 
     @classmethod
     def from_dict(cls: type[M], body: dict[str, Any]) -> M:
@@ -149,6 +129,35 @@ class Message:
                     raise ValueError(f"{name} must be a map")
                 known[name] = nested.from_wire(known[name])
         return cls(**known)
+
+
+def decode_one_of(data: bytes, kinds: tuple[type[M], ...]) -> M:
+    """The message in `data`, which must be of one of `kinds` (a queue that carries several)."""
+    names = "/".join(kind.KIND for kind in kinds)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"{names}: expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"{names}: message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        payload = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"{names}: not valid msgpack ({exc})") from exc
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"{names}: expected a map, got {type(payload).__name__}")
+    if payload.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"{names}: unsupported protocol version {payload.get('v')!r}, this side speaks "
+                            f"{PROTOCOL_VERSION}")
+    kind = next((kind for kind in kinds if kind.KIND == payload.get("kind")), None)
+    if kind is None:
+        expected = " or ".join(repr(kind.KIND) for kind in kinds)
+        raise ProtocolError(f"expected a {expected} message, got {payload.get('kind')!r}")
+    body = payload.get("body")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{kind.KIND}: body must be a map")
+    try:
+        return kind.from_dict(body)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProtocolError(f"{kind.KIND}: bad fields ({exc})") from exc
 
 
 @dataclass
@@ -213,6 +222,17 @@ class Verdict(Message):
     block_sent_at: float = 0.0
     verify_started_at: float = 0.0
     verify_finished_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class BlockTaken(Message):
+    """Verify -> draft: a worker took a block from its pool's queue. The block's sender now knows whose
+    heartbeat to watch: if that worker dies before its verdict, the block goes back to the pool."""
+
+    KIND: ClassVar[str] = "block_taken"
+    request_id: str
+    round: int
+    worker_id: str
 
 
 def encode_probs(probs) -> bytes:

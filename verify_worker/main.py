@@ -13,7 +13,7 @@ from services.protocol import heartbeat_key
 from services.models.loading import load_model
 from services.redis_client import connect
 from services.engine.profile import cached_verify_profile
-from services.engine.target_engine import TorchEngine
+from services.models.engine import TorchEngine
 from verify_worker.worker import VerifyWorker
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
-from services.engine.target_engine import TargetEngine
+from services.models.engine import TargetEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, decode_probs
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats

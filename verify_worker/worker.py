@@ -33,9 +33,9 @@ import redis
 from services import protocol
 from services.config import SchedulerSettings
 from services.engine.target import RoundResult, run_step
-from services.engine.target_engine import TargetEngine
-from services.protocol import DraftBlock, OutputEvent, ProtocolError, SessionSpec, Verdict
-from services.redis_client import RoundCommitter, read_events
+from services.models.engine import TargetEngine
+from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
+from services.redis_client import RoundCommitter
 from telemetry.probes import apply_override, read_device
 from verify_worker.scheduler import Candidate, plan_step
 from verify_worker.sessions import SessionTable, VerifySession, build_session
@@ -127,27 +127,37 @@ class VerifyWorker:
             self._admit(self._pop(left))
 
     # --- intake ---------------------------------------------------------------------------------
-    def _pop(self, timeout_s: float) -> list[bytes]:
-        """Queued blocks, own queue first; waits up to timeout_s for the first when nothing is queued."""
+    def _pop(self, timeout_s: float) -> list[tuple[bytes, bool]]:
+        """Queued blocks, own queue first, each with whether it came from the pool's queue; waits up to
+        timeout_s for the first when nothing is queued."""
         room = max(1, self.scheduler.max_batch_size - len(self._ready()))
         with self.client.pipeline(transaction=False) as pipe:
             pipe.lpop(self.queues[0], self.scheduler.max_batch_size)
             pipe.lpop(self.queues[1], room)  # the pool's new sessions only as far as this worker has room
             own, pooled = pipe.execute()
-        raws = [*(own or []), *(pooled or [])]
+        raws = [(raw, False) for raw in own or []] + [(raw, True) for raw in pooled or []]
         if raws or timeout_s <= 0:
             return raws
         item = self.client.blpop(self.queues, timeout=max(timeout_s, 0.001))
-        return [item[1]] if item else []
+        return [(item[1], item[0].decode() == self.queues[1])] if item else []
 
-    def _admit(self, raws: list[bytes]) -> None:
-        blocks = []
-        for raw in raws:
+    def _admit(self, raws: list[tuple[bytes, bool]]) -> None:
+        blocks, taken = [], []
+        for raw, pooled in raws:
             try:
-                blocks.append(DraftBlock.decode(raw))
+                block = DraftBlock.decode(raw)
             except ProtocolError as exc:
                 self.num_bad_messages += 1
                 logger.warning("dropped a bad message: %s", exc)
+                continue
+            blocks.append(block)
+            if pooled and not block.release and block.reply_to:
+                taken.append(block)
+        if taken:  # tell each sender whose heartbeat to watch until the verdict comes
+            with self.client.pipeline(transaction=False) as pipe:
+                for block in taken:
+                    pipe.rpush(block.reply_to, BlockTaken(block.request_id, block.round, self.worker_id).encode())
+                pipe.execute()
         rebuild = []
         for block in blocks:
             self.num_blocks += 1
@@ -224,6 +234,8 @@ class VerifyWorker:
             return 0
         started, wall_started = time.perf_counter(), time.time()
         sessions = [session for session, _ in chosen]
+        num_tokens = sum(s.target.num_pending_tokens if budget is None else min(budget, s.target.num_pending_tokens)
+                         for s, budget in chosen)
         for session in sessions:
             session.block_started_at = session.block_started_at or wall_started
         try:
@@ -237,7 +249,7 @@ class VerifyWorker:
         items = self._outcomes(sessions, results, rows=len(sessions))
         self._publish(items)
         step_s = time.perf_counter() - started
-        self._record(sessions, results, forward_s, step_s)
+        self._record(sessions, results, num_tokens, forward_s, step_s)
         self.sessions.evict_idle()
         return len(sessions)
 
@@ -336,12 +348,14 @@ class VerifyWorker:
                 logger.info("request %s cancelled: its target-only rounds stop", session.request_id)
                 self.sessions.pop(session.request_id)
 
-    def _record(self, sessions: list[VerifySession], results: list[RoundResult | None], forward_s: float,
-                step_s: float) -> None:
+    def _record(self, sessions: list[VerifySession], results: list[RoundResult | None], num_tokens: int,
+                forward_s: float, step_s: float) -> None:
         committed = sum(len(result.committed) for result in results if result is not None)
         self.stats.steps += 1
         self.stats.rows += len(sessions)
-        self.stats.tokens += sum(len(s.target.draft_ids) + 1 for s in sessions)
+        self.stats.tokens += num_tokens
+        logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", len(sessions), num_tokens,
+                     1000 * forward_s, 1000 * step_s)
         self.stats.forward_s += forward_s
         self.stats.step_s += step_s
         if committed:

@@ -70,6 +70,7 @@ class ConcurrencyConfig:
     redis_url: str | None = None
     chat: bool = True
     requests: int | None = None  # per level; default max(len(prompts), C)
+    repeat: int = 1  # every (level, mode) this many times, taking turns; figures over all of them
 
 
 @dataclass
@@ -209,22 +210,15 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
     mismatches: list[Mismatch] = []
     for concurrency in config.levels:
         batch = level_prompts(config.prompts, concurrency, config.requests)
+        runs: dict[str, list[LevelRun]] = {mode: [] for mode in config.modes}
+        for _ in range(config.repeat):
+            for mode in config.modes:
+                run, found = _run_mode(mode, config, urls, target, batch, concurrency, reference, encoded)
+                runs[mode].append(run)
+                mismatches += found
         for mode in config.modes:
-            if mode == "hf-batch":
-                run = run_hf_batch_level(target, batch, [encoded[p.id] for p in batch], concurrency,
-                                         max_tokens=config.max_tokens)
-                notes = check_greedy(run, reference, encoded, target)
-                run.extra["greedy_mismatches_noted"] = len(notes)  # transformers' padding: not ours to fail on
-                found = []
-            else:
-                counters = _verify_counters(config.redis_url) if mode != "baseline" else {}
-                run = run_level(urls[mode], config.model, batch, concurrency, max_tokens=config.max_tokens,
-                                api_key=config.api_key, route="ar" if mode == "stack-ar" else None, mode=mode)
-                if mode != "baseline":
-                    run.extra.update(step_figures(counters, _verify_counters(config.redis_url)))
-                found = check_greedy(run, reference, encoded, target)
-            mismatches += found
-            row = summarize(run, len(found))
+            run = merge_runs(runs[mode])
+            row = summarize(run, sum(1 for m in mismatches if m.mode == mode and m.concurrency == concurrency))
             rows.append(row)
             progress(f"C={concurrency:<3} {mode:9} {row.tokens_per_s:7.1f} tok/s  TTFT p50 {row.ttft_p50_ms} ms  "
                      f"ITL p50/p99 {row.itl_p50_ms}/{row.itl_p99_ms} ms  {row.extra}")
@@ -233,6 +227,35 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
              write_markdown(out_dir / "concurrency.md", rows, mismatches)]
     plot = plot_concurrency(rows, out_dir / "throughput_vs_concurrency.png")
     return rows, mismatches, files + ([plot] if plot else [])
+
+
+def merge_runs(runs: list[LevelRun]) -> LevelRun:
+    """Repeats of one (mode, level) as one: all records, summed wall time, per-run figures averaged."""
+    extra: dict = {}
+    for key in {key for run in runs for key in run.extra}:
+        values = [run.extra[key] for run in runs if key in run.extra]
+        counts = all(isinstance(value, int) for value in values)  # counts add up, rates average
+        extra[key] = sum(values) if counts else round(sum(values) / len(values), 4)
+    if len(runs) > 1:
+        extra["tokens_per_s_runs"] = [round(sum(r.num_tokens for r in run.records) / run.wall_s, 1) for run in runs]
+    return LevelRun(runs[0].mode, runs[0].concurrency, [record for run in runs for record in run.records],
+                    sum(run.wall_s for run in runs), extra)
+
+
+def _run_mode(mode: str, config: ConcurrencyConfig, urls: dict, target: LoadedModel, batch: list[BenchPrompt],
+              concurrency: int, reference: dict, encoded: dict) -> tuple[LevelRun, list[Mismatch]]:
+    if mode == "hf-batch":
+        run = run_hf_batch_level(target, batch, [encoded[p.id] for p in batch], concurrency,
+                                 max_tokens=config.max_tokens)
+        notes = check_greedy(run, reference, encoded, target)
+        run.extra["greedy_mismatches_noted"] = len(notes)  # transformers' padding: not ours to fail on
+        return run, []
+    counters = _verify_counters(config.redis_url) if mode != "baseline" else {}
+    run = run_level(urls[mode], config.model, batch, concurrency, max_tokens=config.max_tokens,
+                    api_key=config.api_key, route="ar" if mode == "stack-ar" else None, mode=mode)
+    if mode != "baseline":
+        run.extra.update(step_figures(counters, _verify_counters(config.redis_url)))
+    return run, check_greedy(run, reference, encoded, target)
 
 
 def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mismatches: list[Mismatch]) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from services.engine.target_engine import TargetEngine, TorchEngine
+from services.models.engine import TargetEngine, TorchEngine
 from services.models.decoder import ForwardRow
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from services.engine.options import GenerationOptions
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession, check_request_fits, run_step
-from services.engine.target_engine import TargetEngine, TorchEngine
+from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController

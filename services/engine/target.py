@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.stopping import OutputState
-from services.engine.target_engine import TargetEngine
+from services.models.engine import TargetEngine
 from services.errors import ContextLengthError
 from services.models.decoder import ForwardRow
 from services.speculative.sampling import SamplingParams

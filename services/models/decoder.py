@@ -107,25 +107,22 @@ def causal_mask(num_new: int, num_past: int, dtype: torch.dtype, device: torch.d
     return torch.zeros(num_new, total, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
 
 
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-           scaling: float) -> torch.Tensor:
-    """One row's attention. query [n, heads, head_dim]; keys, values [kv_heads, length, head_dim] (views of
-    the store); mask [n, length] additive or None (n == 1 sees everything). -> [n, heads, head_dim].
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """One row's attention, grouped-query without repeating keys: the query heads that share a kv head are
+    stacked along the query axis, so each kv head is read once.
 
-    Grouped-query attention without repeating keys: the query heads that share a kv head are stacked
-    along the query axis, so each kv head is read once."""
-    num_new, num_heads, head_dim = query.shape
-    num_kv_heads = keys.shape[0]
-    groups = num_heads // num_kv_heads
-    stacked = query.transpose(0, 1).reshape(num_kv_heads, groups * num_new, head_dim)  # [kv_heads, g*n, d]
+    query [kv_heads, groups * n, head_dim], already scaled; keys, values [kv_heads, length, head_dim] (views
+    of the store); mask [groups * n, length] additive, or None (a single token sees everything).
+    -> [kv_heads, groups * n, head_dim]."""
     if mask is None:
-        scores = torch.bmm(stacked, keys.transpose(1, 2)).mul_(scaling)  # [kv_heads, g*n, length]
+        scores = torch.bmm(query, keys.transpose(1, 2))  # [kv_heads, g*n, length]
     else:
-        scores = torch.baddbmm(mask.repeat(groups, 1).expand(num_kv_heads, -1, -1), stacked,
-                               keys.transpose(1, 2), alpha=scaling)
-    probs = scores.float().softmax(dim=-1).to(values.dtype)
-    output = torch.bmm(probs, values)  # [kv_heads, g*n, d]
-    return output.view(num_heads, num_new, head_dim).transpose(0, 1)
+        scores = torch.baddbmm(mask, query, keys.transpose(1, 2))
+    if scores.dtype == torch.float32:
+        probs = scores.softmax(dim=-1)
+    else:  # low precision: the normalisation in fp32
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.bmm(probs, values)
 
 
 @torch.inference_mode()
@@ -148,7 +145,9 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
     hidden = parts.embed(token_ids)  # [T, hidden]
     cos, sin = parts.rotary(hidden, positions[None])  # [1, T, head_dim] each
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, head_dim]
-    masks = [causal_mask(count, start, hidden.dtype, device) if count > 1 else None
+    groups = parts.num_heads // parts.num_kv_heads
+    # masks for rows of more than one token, with the query heads of a kv head stacked: [g*n, past + n]
+    masks = [causal_mask(count, start, hidden.dtype, device).repeat(groups, 1) if count > 1 else None
              for start, count in zip(starts, counts)]
     total = offsets[-1]
     for layer_index, layer in enumerate(parts.layers):
@@ -159,14 +158,20 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
         values = attention.v_proj(normed).view(total, parts.num_kv_heads, parts.head_dim)
         if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
             query, keys = attention.q_norm(query), attention.k_norm(keys)
-        query, keys = _apply_rope(query, cos, sin), _apply_rope(keys, cos, sin)
-        output = torch.empty_like(query)  # [T, heads, head_dim]
+        query = _apply_rope(query, cos, sin).mul_(attention.scaling)
+        new_kv = torch.stack((_apply_rope(keys, cos, sin), values)).permute(0, 2, 1, 3)  # [2, kv_heads, T, d]
+        # [kv_heads, groups, T, d]: the query heads of each kv head together
+        stacked = query.view(total, parts.num_kv_heads, groups, parts.head_dim).permute(1, 2, 0, 3)
+        output = torch.empty_like(stacked)
         for index, row in enumerate(rows):
             low, high, start = offsets[index], offsets[index + 1], starts[index]
-            row.sequence.write(layer_index, start, keys[low:high].transpose(0, 1), values[low:high].transpose(0, 1))
+            row.sequence.write(layer_index, start, new_kv[:, :, low:high])
             row_keys, row_values = row.sequence.view(layer_index, start + counts[index])
-            output[low:high] = attend(query[low:high], row_keys, row_values, masks[index], attention.scaling)
-        hidden = hidden + attention.o_proj(output.view(total, -1))
+            row_query = stacked[:, :, low:high].reshape(parts.num_kv_heads, groups * counts[index], parts.head_dim)
+            output[:, :, low:high] = attend(row_query, row_keys, row_values, masks[index]).view(
+                parts.num_kv_heads, groups, counts[index], parts.head_dim)
+        merged = output.permute(2, 0, 1, 3).reshape(total, parts.num_heads * parts.head_dim)  # [T, heads * d]
+        hidden = hidden + attention.o_proj(merged)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     for row, count in zip(rows, counts):
         row.sequence.length += count

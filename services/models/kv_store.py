@@ -1,9 +1,9 @@
 """The target's KV store: the keys and values of many sequences under one byte budget.
 
-Each sequence owns one buffer per side, `[layers, kv_heads, capacity, head_dim]`,
-grown in pages of PAGE_TOKENS tokens. A forward writes only the positions it
-appends; a crop (rejected draft tokens, a rollback) moves the length and
-touches no data; attention reads views `[kv_heads, length, head_dim]` of the
+Each sequence owns one buffer, `[layers, 2 (keys, values), kv_heads, capacity,
+head_dim]`, grown in pages of PAGE_TOKENS tokens. A forward writes only the
+positions it appends (keys and values of a layer in one copy); a crop
+(rejected draft tokens, a rollback) moves the length and touches no data; attention reads views `[kv_heads, length, head_dim]` of the
 buffer. So no step copies a whole cache: the only copy is the one a buffer
 makes when it outgrows its capacity, and capacity grows by at least half
 each time (a sequence of n tokens is copied O(log n) times in its life).
@@ -54,8 +54,7 @@ class SequenceKV:
         self.store = store
         self.length = 0
         self.capacity = 0
-        self.keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
-        self.values: torch.Tensor | None = None
+        self.kv: torch.Tensor | None = None  # [layers, 2, kv_heads, capacity, head_dim]
         self.released = False
 
     @property
@@ -70,25 +69,23 @@ class SequenceKV:
         wanted = max(num_tokens, int(self.capacity * GROWTH)) if self.capacity else num_tokens
         capacity = pages_for(wanted) * PAGE_TOKENS
         shape = self.store.shape
-        size = (shape.num_layers, shape.num_kv_heads, capacity, shape.head_dim)
-        keys = torch.empty(size, dtype=shape.dtype, device=shape.device)
-        values = torch.empty(size, dtype=shape.dtype, device=shape.device)
+        size = (shape.num_layers, 2, shape.num_kv_heads, capacity, shape.head_dim)
+        kv = torch.empty(size, dtype=shape.dtype, device=shape.device)
         if self.length:
-            keys[:, :, : self.length].copy_(self.keys[:, :, : self.length])
-            values[:, :, : self.length].copy_(self.values[:, :, : self.length])
+            kv[:, :, :, : self.length].copy_(self.kv[:, :, :, : self.length])
         self.store._account(capacity - self.capacity)
-        self.keys, self.values, self.capacity = keys, values, capacity
+        self.kv, self.capacity = kv, capacity
 
-    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys, values: [kv_heads, n, head_dim] for positions start .. start + n - 1."""
-        end = start + keys.shape[1]
+    def write(self, layer: int, start: int, kv: torch.Tensor) -> None:
+        """kv: [2, kv_heads, n, head_dim], keys then values, for positions start .. start + n - 1."""
+        end = start + kv.shape[2]
         assert end <= self.capacity, f"write up to {end} past capacity {self.capacity}"
-        self.keys[layer, :, start:end].copy_(keys)
-        self.values[layer, :, start:end].copy_(values)
+        self.kv[layer, :, :, start:end].copy_(kv)
 
     def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views [kv_heads, end, head_dim] of positions 0 .. end - 1 (no copy)."""
-        return self.keys[layer, :, :end], self.values[layer, :, :end]
+        """Keys and values [kv_heads, end, head_dim] of positions 0 .. end - 1 (views, no copy)."""
+        kv = self.kv[layer]
+        return kv[0, :, :end], kv[1, :, :end]
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (nothing moves)."""
@@ -101,7 +98,7 @@ class SequenceKV:
             return
         self.store._account(-self.capacity)
         self.store.num_sequences -= 1
-        self.keys = self.values = None
+        self.kv = None
         self.capacity = self.length = 0
         self.released = True
 

@@ -65,10 +65,25 @@ class TrimmedDraft(nn.Module):
         hidden = output.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        small = self.head(hidden)  # [batch, n, keep]
+        return CausalLMOutputWithPast(logits=self.full_logits(hidden))  # the cache passed in was updated in place
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab]: the kept tokens' logits, -inf for every other token."""
+        small = self.head(hidden)  # [..., keep]
         logits = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         logits.index_copy_(-1, self.keep_ids, small)
-        return CausalLMOutputWithPast(logits=logits)  # the cache passed in was updated in place
+        return logits
+
+    def decoder_parts(self):
+        """The layers for the packed forward (services/models/decoder.py), with the trimmed head."""
+        from services.models.decoder import DecoderParts
+
+        config, body = self.config, self.body
+        return DecoderParts(
+            embed=body.embed_tokens, layers=body.layers, norm=body.norm, rotary=body.rotary_emb,
+            head=self.full_logits, num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
     def own_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint stores: the draft's layers and norm (not the target's embeddings/head)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from collections import deque
 
 from services.config import SpeculativeSettings
@@ -30,7 +31,7 @@ def next_block_length(current: int, window_acceptance: float, config: Speculativ
     return max(current - config.lower_step, config.min_draft_tokens)
 
 
-LOAD_PLAIN_ROUNDS = 16  # target-only rounds while the load makes drafting not pay, before looking again
+LOAD_PLAIN_ROUNDS = 32  # target-only rounds while the load makes drafting not pay, before looking again
 
 
 class BlockLengthController:
@@ -39,15 +40,22 @@ class BlockLengthController:
     verdicts), where gamma 0 (plain decoding) also competes."""
 
     def __init__(self, config: SpeculativeSettings, num_draft_tokens: int | None = None,
-                 cost: CostModel | None = None) -> None:
+                 cost: CostModel | None = None, prior: float | None = None, explore: bool = True) -> None:
+        """prior: per-token acceptance to assume before this session has drafted (the draft worker's recent
+        sessions; default config.prior_acceptance). When it says drafting does not pay even for a lone
+        stream, the session starts with target-only rounds, unless `explore` (a share of sessions probes
+        anyway, so a prior that went stale can recover)."""
         self.config = config
         self.cost = cost
+        self.prior = config.prior_acceptance if prior is None else prior
         start = config.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         self._gamma = max(config.min_draft_tokens, min(start, config.max_draft_tokens))
         self._window: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
         self._fallback_rounds_left = 0
         self.num_fallbacks = 0
         self.rows = 1.0  # rows in the target step this session's blocks share (1 in-process)
+        if cost is not None and not explore and self._best_for_cost(rows=1.0)[0] == 0:
+            self._enter_fallback(self.prior)
 
     @property
     def fallen_back(self) -> bool:
@@ -86,7 +94,7 @@ class BlockLengthController:
     def _best_for_cost(self, rows: float | None = None) -> tuple[int, float]:
         alpha = alpha_from_rounds(self._window)
         if alpha is None:
-            alpha = self.config.prior_acceptance
+            alpha = self.prior
         candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
         return best_block_length(alpha, self.cost, candidates, self.rows if rows is None else rows)
 
@@ -125,3 +133,32 @@ class BlockLengthController:
         # With probing disabled the fallback lasts for the rest of the session.
         self._fallback_rounds_left = probe if probe > 0 else 1 << 62
         logger.debug("acceptance %.2f below %.2f: target-only decoding", acceptance, self.config.fallback_below)
+
+
+class PoolAcceptance:
+    """Acceptance of the recent drafted rounds of every session of one draft worker: the prior a new
+    session starts from (its drafter is the same, its prompts alike), instead of a fixed guess."""
+
+    def __init__(self, *, rounds: int = 400, min_rounds: int = 50, explore_every: int = 8) -> None:
+        self._rounds: deque[tuple[int, int]] = deque(maxlen=rounds)
+        self.min_rounds = min_rounds
+        self.explore_every = explore_every
+        self._sessions = 0
+        self._lock = threading.Lock()  # fed by the driver thread, read by task threads building sessions
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        if num_draft_tokens:
+            with self._lock:
+                self._rounds.append((num_draft_tokens, num_accepted))
+
+    def alpha(self) -> float | None:
+        """Maximum-likelihood per-token acceptance over the recent rounds; None until min_rounds are seen."""
+        with self._lock:
+            rounds = list(self._rounds)
+        return alpha_from_rounds(rounds) if len(rounds) >= self.min_rounds else None
+
+    def explore(self) -> bool:
+        """True for every explore_every-th new session: it probes drafting whatever the prior says."""
+        with self._lock:
+            self._sessions += 1
+            return self._sessions % self.explore_every == 1

@@ -10,7 +10,7 @@ import redis
 
 from draft_worker.runtime import DraftRuntime
 from services.config import SchedulerSettings, Settings, SpeculativeSettings, WorkerSettings
-from services.engine.target_engine import TorchEngine
+from services.models.engine import TorchEngine
 from services.models.drafters import DraftSource
 from services.protocol import SessionSpec, request_key
 from services.redis_client import read_events

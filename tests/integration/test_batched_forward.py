@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.target_engine import TorchEngine
+from services.models.engine import TorchEngine
 from services.models.decoder import ForwardRow, UnsupportedModelError, decoder_parts
 from services.models.kv_store import PAGE_TOKENS
 from services.models.loading import LoadedModel
@@ -96,9 +96,9 @@ def test_kv_store_grows_by_pages_and_counts_reserved_bytes():
     sequence = engine.new_sequence()
     engine.forward([ForwardRow(sequence, list(range(10)), 1)])
     assert sequence.capacity == PAGE_TOKENS and store.used_bytes == PAGE_TOKENS * store.shape.bytes_per_token
-    keys_before = sequence.keys[:, :, :10].clone()
+    kv_before = sequence.kv[:, :, :, :10].clone()
     engine.forward([ForwardRow(sequence, [1] * PAGE_TOKENS, 1)])  # outgrows one page: copied once, grown by >= 1.5x
-    assert sequence.capacity == 2 * PAGE_TOKENS and torch.equal(sequence.keys[:, :, :10], keys_before)
+    assert sequence.capacity == 2 * PAGE_TOKENS and torch.equal(sequence.kv[:, :, :, :10], kv_before)
     assert store.growth_bytes(sequence, 2 * PAGE_TOKENS) == 0
     assert store.growth_bytes(sequence, 2 * PAGE_TOKENS + 1) == PAGE_TOKENS * store.shape.bytes_per_token
     assert not store.over_budget() and store.over_budget(3 * PAGE_TOKENS * store.shape.bytes_per_token)

@@ -140,3 +140,23 @@ def test_seeded_sampling_is_the_same_batched_as_in_process(target, client):
     for spec in specs:
         expected = reference(target, spec.prompt_ids, 30, sampling, DraftSource("tiny-draft", draft).new_drafter())
         assert output_tokens(client, spec.request_id) == expected, spec.request_id
+
+
+def test_model_drafts_of_many_sessions_step_together(target, client):
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=6))
+    verify = VerifyThread(client, target)
+    runtime = draft_runtime(client, source, pipelined=True)
+    engine = source.new_drafter().draft_engine.engine
+    rows_per_forward: list[int] = []
+    forward = engine.forward
+    engine.forward = lambda rows: (rows_per_forward.append(len(rows)), forward(rows))[1]
+    specs = [SessionSpec(request_id=f"d-{n}", prompt_ids=prompt(400 + n), max_new_tokens=30, ignore_eos=True)
+             for n in range(8)]
+    try:
+        run_sessions(client, runtime, specs)
+    finally:
+        runtime.close()
+        verify.close()
+    for spec in specs:
+        assert output_tokens(client, spec.request_id) == reference(target, spec.prompt_ids, 30), spec.request_id
+    assert max(rows_per_forward) > 1 and sum(rows_per_forward) / len(rows_per_forward) > 1.5

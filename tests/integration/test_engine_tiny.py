@@ -9,7 +9,7 @@ from services.config import SpeculativeSettings
 from services.engine import GenerationOptions, GenerationSession, generate
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession, run_step
-from services.engine.target_engine import TorchEngine
+from services.models.engine import TorchEngine
 from services.errors import ContextLengthError
 from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter, SelfDrafter
 from services.models.loading import LoadedModel

@@ -270,6 +270,68 @@ def test_killed_verify_worker_loses_no_request(stack, client, reference):
     stack.wait_ready()
 
 
+def test_killed_verify_worker_with_a_batch_in_flight_loses_nothing(stack, client, reference):
+    """Four streams batched on one verify worker (two of them on the plain route, running target-only
+    rounds on their own); SIGKILL it mid-stream: the other worker rebuilds every session from its committed
+    prefix, and every output is single-stream target-only decoding's, with no gap or duplicate."""
+    prompts = ["List six rivers of Europe, one per line.", "Name five colours and one fruit of each colour.",
+               "Write four short lines about the sea.", "Give three tips for sleeping well."]
+    expected = [reference(prompt, chat=True, max_tokens=64) for prompt in prompts]
+    killed = []
+
+    def stream(index: int) -> list:
+        body = chat_body(prompts[index], max_tokens=64, stream=True, **({"route": "ar"} if index % 2 else {}))
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            return read_sse(response)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(stream, index) for index in range(4)]
+        holder = wait_for(lambda: next((beat.worker_id for beat in stack.heartbeats("verify")
+                                        if beat.num_sessions >= 2), None), timeout_s=60, interval_s=0.05)
+        stack.kill(holder)
+        killed.append(holder)
+        results = [future.result(timeout=180) for future in futures]
+    for events, tokens in zip(results, expected):
+        assert events[-1] == "[DONE]"
+        final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
+        assert final["token_ids"] == tokens
+    stack.spawn_verify(killed[0])
+    stack.wait_ready()
+
+
+def test_plain_route_on_request(stack, client, reference):
+    prompt = "Name three planets."
+    body = client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=20, route="ar")).json()
+    assert body["choices"][0]["token_ids"] == reference(prompt, chat=True, max_tokens=20)
+    assert body["mirror_sd"]["route"] == "ar" and body["mirror_sd"]["num_drafts"] == 0
+    bad = client.post("/v1/chat/completions", json=chat_body(prompt, route="fast"))
+    assert bad.status_code == 400 and "route" in bad.text
+
+
+def test_concurrency_bench_batches_and_matches_target_only(stack, tmp_path):
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{n}", "category": "chat", "prompt": text, "context_chars": 0}
+            for n, text in enumerate(["Name three colours.", "Say hello in French.", "Count from one to five."])]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "concurrency"
+    result = CliRunner().invoke(app, ["bench", "--concurrency", "1,3", "--modes", "stack,stack-ar,hf-batch",
+                                      "--prompts", str(prompts), "--url", stack.base_url,
+                                      "--api-key", stack.create_key("normal"), "--redis-url", stack.redis_url,
+                                      "-n", "12", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "concurrency.json").read_text())
+    rows = {(row["mode"], row["concurrency"]): row for row in data["rows"]}
+    assert set(rows) == {(mode, level) for mode in ("stack", "stack-ar", "hf-batch") for level in (1, 3)}
+    assert not data["mismatches"]
+    assert all(row["tokens"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
+    assert rows[("stack-ar", 3)]["extra"]["mean_rows_per_step"] > 1  # three streams shared target steps
+    assert (out / "throughput_vs_concurrency.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def scrape(stack) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -2,7 +2,7 @@
 
 from services.engine import GenerationOptions, GenerationSession
 from services.engine.target import run_step
-from services.engine.target_engine import TorchEngine
+from services.models.engine import TorchEngine
 from services.models.kv_store import PAGE_TOKENS
 from services.protocol import DraftBlock, OutputEvent, SessionSpec
 from tests.conftest import build_tiny_llama

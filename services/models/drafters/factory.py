@@ -15,11 +15,13 @@ share the target's tokenizer.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.config import SpeculativeSettings
+from services.models.decoder import UnsupportedModelError
 from services.models.drafters.base import Drafter
+from services.models.drafters.batched import DraftEngine
 from services.models.drafters.model import ModelDrafter
 from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
@@ -55,10 +57,30 @@ class DraftSource:
     references: ReferenceBook | None = None  # synthetic drafts only
     vocab_size: int = 0
     hybrid: bool = False  # prompt lookup first, `model` when it finds nothing
+    _engine: DraftEngine | None = field(default=None, init=False, repr=False)
+    _engine_checked: bool = field(default=False, init=False, repr=False)
 
     @property
     def is_none(self) -> bool:
         return self.spec == "none"
+
+    def _model_drafter(self) -> Drafter:
+        """A session's model drafter: on the draft engine every session of the process shares (drafts of
+        many sessions step together), or, for a model the packed forward cannot walk, a cache of its own."""
+        if not self._engine_checked:
+            self._engine_checked = True
+            if self.model.precision == "int8":
+                # dynamic int8 quantises activations per tensor: rows stepped together would change each
+                # other's scales, so a block would depend on its batch. Session by session it is.
+                logger.info("draft %s (int8) drafts session by session", self.spec)
+            else:
+                try:
+                    self._engine = DraftEngine(self.model, chunk_size=self.chunk_size)
+                except UnsupportedModelError as exc:
+                    logger.info("draft %s drafts session by session: %s", self.spec, exc)
+        if self._engine is not None:
+            return self._engine.new_drafter(self.spec)
+        return ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
 
     def new_drafter(self) -> Drafter | None:
         if self.is_none:
@@ -69,7 +91,7 @@ class DraftSource:
         lookup = NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
         if self.model is None:
             return lookup
-        model = ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
+        model = self._model_drafter()
         return HybridDrafter(lookup, model, name=self.spec) if self.hybrid else model
 
 

@@ -35,12 +35,26 @@ class HybridDrafter:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> DraftProposal:
+        proposal = self.propose_lookup(context_ids, num_draft_tokens, sampling, generator)
+        if proposal is not None:
+            return proposal
+        return self.model.propose(context_ids, num_draft_tokens, sampling, generator)
+
+    def propose_lookup(
+        self,
+        context_ids: Sequence[int],
+        num_draft_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> DraftProposal | None:
+        """Prompt lookup's proposal, or None when the model draft should propose (batched drafting asks
+        the model half of many hybrids together)."""
         proposal = self.lookup.propose(context_ids, num_draft_tokens, sampling, generator)
         if proposal.num_draft_tokens > 0:
             self.num_lookup_rounds += 1
             return proposal
         self.num_model_rounds += 1
-        return self.model.propose(context_ids, num_draft_tokens, sampling, generator)
+        return None
 
     def release(self) -> None:
         self.lookup.release()

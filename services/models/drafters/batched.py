@@ -1,0 +1,157 @@
+"""Model drafts of many sessions stepped together: one packed forward of the draft model per draft position.
+
+A draft worker holds one draft model and many sessions. `EngineDrafter` is a
+session's view of a shared `DraftEngine` (the packed forward of
+services/models/decoder.py over the draft model, each session a sequence in
+its KV store). `propose_many` drafts a block for every session that needs
+one in the same forwards: the rows first catch each sequence up with its
+committed context (a crop keeps the agreed prefix, nothing is recomputed),
+then one token per row per step. Each call draws from its own generator
+under its own sampling warp, so a block is the same whether drafted alone or
+with others. Drafters that cannot batch (prompt lookup, synthetic, models
+the packed forward does not walk) are asked one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from services.models.engine import TorchEngine
+from services.models.decoder import ForwardRow
+from services.models.drafters.base import DraftProposal, Drafter
+from services.models.kv_cache import common_prefix_length
+from services.models.loading import LoadedModel
+from services.speculative.sampling import SamplingParams, sample_from_probs, warp_logits
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftCall:
+    drafter: Drafter
+    context_ids: Sequence[int]
+    num_draft_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+
+
+class DraftEngine:
+    """One draft model shared by every session of a process."""
+
+    def __init__(self, loaded: LoadedModel, *, chunk_size: int = 512) -> None:
+        self.loaded = loaded
+        self.engine = TorchEngine(loaded)
+        self.chunk_size = chunk_size
+
+    def new_drafter(self, name: str | None = None) -> "EngineDrafter":
+        return EngineDrafter(self, name or self.loaded.name)
+
+    def _sync(self, calls: list[DraftCall]) -> list[torch.Tensor]:
+        """Bring each call's sequence to its context (the agreed prefix kept); next-token logits [vocab] each."""
+        pending = []
+        for call in calls:
+            drafter = call.drafter
+            keep = min(common_prefix_length(drafter.cached_ids, call.context_ids), len(call.context_ids) - 1)
+            drafter.sequence.crop(keep)
+            del drafter.cached_ids[keep:]
+            pending.append(list(call.context_ids[keep:]))
+        while any(len(tokens) > self.chunk_size for tokens in pending):  # long prompts: chunks, no logits
+            rows, owners = [], []
+            for call, tokens in zip(calls, pending):
+                if len(tokens) > self.chunk_size:
+                    rows.append(ForwardRow(call.drafter.sequence, tokens[: self.chunk_size], 0))
+                    owners.append((call, tokens))
+            self.engine.forward(rows)
+            for call, tokens in owners:
+                call.drafter.cached_ids.extend(tokens[: self.chunk_size])
+                del tokens[: self.chunk_size]
+        logits = self.engine.forward([ForwardRow(call.drafter.sequence, tokens, 1)
+                                      for call, tokens in zip(calls, pending)])
+        for call, tokens in zip(calls, pending):
+            call.drafter.cached_ids.extend(tokens)
+        return [row[0] for row in logits]
+
+    def propose_many(self, calls: list[DraftCall]) -> list[DraftProposal]:
+        """Every call's block, the calls stepped together (at most max(num_draft_tokens) forwards after the
+        catch-up one)."""
+        wanted = [max(0, min(call.num_draft_tokens, self.loaded.max_context - len(call.context_ids)))
+                  for call in calls]
+        active = [index for index, count in enumerate(wanted) if count > 0]
+        tokens: list[list[int]] = [[] for _ in calls]
+        probs: list[list[torch.Tensor]] = [[] for _ in calls]
+        if active:
+            logits = dict(zip(active, self._sync([calls[index] for index in active])))
+            while active:
+                for index in active:
+                    call = calls[index]
+                    if call.sampling.greedy:
+                        token_id = int(logits[index].argmax().item())
+                    else:
+                        row_probs = warp_logits(logits[index][None], call.sampling)  # [1, vocab]
+                        token_id = int(sample_from_probs(row_probs, call.generator).item())
+                        probs[index].append(row_probs[0])
+                    tokens[index].append(token_id)
+                active = [index for index in active if len(tokens[index]) < wanted[index]]
+                if not active:
+                    break
+                rows = [ForwardRow(calls[index].drafter.sequence, [tokens[index][-1]], 1) for index in active]
+                for index, row_logits in zip(active, self.engine.forward(rows)):
+                    calls[index].drafter.cached_ids.append(tokens[index][-1])
+                    logits[index] = row_logits[0]
+        return [DraftProposal(tokens[index], torch.stack(probs[index]) if probs[index] else None)
+                for index in range(len(calls))]
+
+
+class EngineDrafter:
+    """A session's drafter on a shared DraftEngine: its own sequence in the draft model's KV store."""
+
+    stepwise = True  # propose(ctx, n) == n calls of propose(ctx + drafted, 1): the KV carries over
+
+    def __init__(self, engine: DraftEngine, name: str) -> None:
+        self.name = name
+        self.draft_engine = engine
+        self.sequence = engine.engine.new_sequence()
+        self.cached_ids: list[int] = []
+
+    def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftProposal:
+        return self.draft_engine.propose_many([DraftCall(self, context_ids, num_draft_tokens, sampling,
+                                                         generator)])[0]
+
+    def release(self) -> None:
+        """Free the KV memory; the drafter stays usable (a new, empty sequence)."""
+        self.sequence.release()
+        self.sequence = self.draft_engine.engine.new_sequence()
+        self.cached_ids.clear()
+
+
+def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
+    """Each call's proposal; calls whose drafter is (or falls back to) an EngineDrafter of the same engine
+    are stepped together, the others asked one by one. A hybrid asks prompt lookup first, as alone."""
+    results: list[DraftProposal | None] = [None] * len(calls)
+    batched: dict[int, list[tuple[int, DraftCall]]] = {}
+    for index, call in enumerate(calls):
+        drafter = call.drafter
+        lookup = getattr(drafter, "lookup", None)
+        if lookup is not None:  # HybridDrafter: prompt lookup when it matches
+            proposal = drafter.propose_lookup(call.context_ids, call.num_draft_tokens, call.sampling,
+                                              call.generator)
+            if proposal is not None:
+                results[index] = proposal
+                continue
+            drafter = drafter.model
+        if isinstance(drafter, EngineDrafter):
+            model_call = DraftCall(drafter, call.context_ids, call.num_draft_tokens, call.sampling, call.generator)
+            batched.setdefault(id(drafter.draft_engine), []).append((index, model_call))
+        else:
+            results[index] = drafter.propose(call.context_ids, call.num_draft_tokens, call.sampling,
+                                             call.generator)
+    for group in batched.values():
+        engine = group[0][1].drafter.draft_engine
+        for (index, _), proposal in zip(group, engine.propose_many([call for _, call in group])):
+            results[index] = proposal
+    return results
