@@ -29,7 +29,7 @@ from services.models.drafters import DraftSource, load_draft_source
 from services.models.drafters.factory import needs_target_weights
 from services.protocol import SessionSpec
 from services.redis_client import connect, read_events, read_heartbeats
-from services.speculative.block_length import PoolAcceptance
+from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
 from services.storage import crud
 from services.storage.db import create_db_engine, session_factory
@@ -51,7 +51,7 @@ class DraftRuntime:
     db: object = None  # sessionmaker for SQL records; None = no records
     profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
     driver: SessionDriver = field(init=False)
-    pool_acceptance: PoolAcceptance = field(default_factory=PoolAcceptance, init=False)
+    recent: RecentRounds = field(default_factory=RecentRounds, init=False)
     _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
 
     def __post_init__(self) -> None:
@@ -86,7 +86,7 @@ class DraftRuntime:
                             speculative=self.settings.speculative, cost=self.cost_model(spec.pool),
                             reply_to=protocol.draft_inbox(self.worker_id),
                             pipelined=self.settings.worker.pipelined_drafting,
-                            pool_acceptance=self.pool_acceptance)
+                            recent=self.recent)
 
 
 @lru_cache(maxsize=1)

@@ -29,7 +29,7 @@ from services.config import SpeculativeSettings
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.batched import DraftCall
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import BlockLengthController, PoolAcceptance
+from services.speculative.block_length import BlockLengthController, RecentRounds
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
@@ -84,7 +84,7 @@ class InFlight:
 class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
-                 pipelined: bool, pool_acceptance: PoolAcceptance | None = None) -> None:
+                 pipelined: bool, recent: RecentRounds | None = None) -> None:
         self.spec = spec
         self.request_id = spec.request_id
         self.committed: list[int] = [*spec.prompt_ids, *(t for e in events for t in e.token_ids)]
@@ -92,10 +92,12 @@ class DraftSession:
         self.round = len(events)
         self.resumed_from_round = self.round
         self.drafter = drafter if spec.route == "sd" else None
-        self.pool_acceptance = pool_acceptance
-        prior = pool_acceptance.alpha() if pool_acceptance is not None else None
-        explore = pool_acceptance.explore() if pool_acceptance is not None else True
+        self.recent = recent
+        prior = recent.alpha() if recent is not None else None
+        explore = recent.explore() if recent is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
+        if recent is not None:
+            self.controller.observe_load(recent.rows)  # the first block meets the pool's current load
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                                        seed=spec.seed)
@@ -223,10 +225,11 @@ class DraftSession:
             self.first_token_at = time.time()
         self.stats = verdict.stats
         self.controller.observe_load(verdict.batch_rows)
+        if self.recent is not None:
+            self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows)
         if verdict.num_draft_tokens or flight.block.draft_ids:
             self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
-            if self.pool_acceptance is not None:
-                self.pool_acceptance.observe(verdict.num_draft_tokens, verdict.num_accepted)
+
         for _ in range(verdict.num_rounds - (1 if flight.block.draft_ids else 0)):
             self.controller.update(0, 0)
         self.sticky_worker = verdict.worker_id or self.sticky_worker

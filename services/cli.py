@@ -728,11 +728,13 @@ def models_step_profile(
     context: Annotated[int, typer.Option(min=1, help="tokens each row already holds in the KV store")] = 256,
     repeats: Annotated[int, typer.Option(min=1)] = 3,
     threads: Annotated[int | None, typer.Option(min=1)] = None,
+    breakdown: Annotated[bool, typer.Option("--breakdown", help="also: the share of a step at the largest row "
+                                            "count spent in the KV store (reserve, write, view, crop)")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Time batched target steps over rows x tokens per row (the grid the load-aware controller reads)."""
     from services.config import get_settings
-    from services.engine.profile import measure_verify_profile, step_table
+    from services.engine.profile import measure_kv_share, measure_verify_profile, step_table
     from services.models.engine import TorchEngine
     from services.models.loading import load_model
     from services.models.random_shapes import build_random_model
@@ -757,14 +759,18 @@ def models_step_profile(
         profile = measure_verify_profile(engine, context_tokens=context, repeats=repeats, sizes=tuple(sizes),
                                          max_rows=max(row_counts), step_sizes=tuple(sizes),
                                          step_rows=tuple(row_counts))
+        kv = measure_kv_share(engine, rows=max(row_counts), context_tokens=context) if breakdown else None
     except (ValueError, RuntimeError, MirrorSDError) as exc:
         _fail(str(exc))
     if as_json:
         typer.echo(json.dumps({"model": loaded.name, "device": str(loaded.device), "precision": chosen_precision,
-                               "context": context, "profile": profile}))
+                               "context": context, "profile": profile, "kv_store": kv}))
         return
     typer.echo(f"{loaded.name} ({chosen_precision}, {loaded.device}), {context} tokens of context per row")
     typer.echo(step_table(profile, row_counts, sizes))
+    if kv is not None:
+        typer.echo(f"KV store at {max(row_counts)} rows x 1 token: {kv['kv_ms']:.2f} ms of a {kv['step_ms']:.1f} ms "
+                   f"step ({kv['kv_share']:.1%})")
 
 
 def main() -> None:  # pragma: no cover - console entry point

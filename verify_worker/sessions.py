@@ -33,7 +33,7 @@ class VerifySession:
     block_end_round: int = 0  # the round after the block's last
     block_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # stats when the block began
     batch_rows: int = 1  # rows of the step that verified the block's drafted round
-    block_started_at: float = 0.0  # wall clock: the first step that worked on the block
+    block_started_at: float = 0.0  # wall clock: when the worker took the block
     last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -62,7 +62,7 @@ class VerifySession:
         self.first_round_done = first_round_done
         self.block_end_round = block.round + max(1, block.num_rounds)
         self.block_stats = (base_stats or self.target.stats).copy()
-        self.block_started_at = 0.0
+        self.block_started_at = time.time()  # taken: time from here to the verdict is the worker's
         if not first_round_done:
             self.target.set_draft(block.draft_ids, decode_probs(block))
 
@@ -128,6 +128,17 @@ class SessionTable:
         if session is not None:
             session.target.release()
         return session
+
+    def drop_idle(self, idle_s: float) -> None:
+        """Drop sessions that have waited idle_s for a block: whoever drove them is gone (a rebuild from the
+        stream serves them if a block ever comes)."""
+        deadline = time.monotonic() - idle_s
+        for session in list(self._sessions.values()):
+            if session.last_used >= deadline:
+                break  # least recently used first: the rest are younger
+            if not session.has_work:
+                logger.info("dropped session %s: no block for %.0f s", session.request_id, idle_s)
+                self.pop(session.request_id)
 
     def evict_idle(self, needed_bytes: int = 0, *, keep: set[str] = frozenset()) -> bool:
         """Evict idle sessions (no block in hand), least recently used first, until `needed_bytes` more fit

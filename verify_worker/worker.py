@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
 CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
+IDLE_SESSION_S = 600.0  # a session with no block for this long is dropped (its draft side is gone)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class VerifyWorker:
         self._admit(self._pop(0.0 if self._ready() else poll_s))
         self._wait_for_expected_blocks()
         self._check_cancellations()
+        self.sessions.drop_idle(IDLE_SESSION_S)
         rows = self.step() if self._ready() else 0
         self._snapshot = (len(self.sessions), self.sessions.kv_bytes,
                           self.stats.rows / self.stats.steps if self.stats.steps else 0.0)
@@ -232,12 +234,10 @@ class VerifyWorker:
         chosen = self._fit_kv_budget([(ready[row.key], row.token_budget) for row in planned])
         if not chosen:
             return 0
-        started, wall_started = time.perf_counter(), time.time()
+        started = time.perf_counter()
         sessions = [session for session, _ in chosen]
         num_tokens = sum(s.target.num_pending_tokens if budget is None else min(budget, s.target.num_pending_tokens)
                          for s, budget in chosen)
-        for session in sessions:
-            session.block_started_at = session.block_started_at or wall_started
         try:
             forward_started = time.perf_counter()
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])

@@ -17,12 +17,15 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.decoder import ForwardRow
+from services.models.kv_store import SequenceKV
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
@@ -166,3 +169,47 @@ def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path
     draft = 0.0 if source.references is not None else (
         measure_draft_profile(source, target.vocab_size).get("draft_ms_per_token", 0.0))
     return CostModel.from_profile(verify, draft)
+
+
+@contextmanager
+def timed_kv_calls() -> Iterator[dict[str, float]]:
+    """Seconds spent in the KV store's own work (growing buffers, writing new positions, taking views)
+    while the block runs: the bookkeeping inside a forward."""
+    spent = {"reserve": 0.0, "write": 0.0, "view": 0.0, "crop": 0.0}
+    originals = {name: getattr(SequenceKV, name) for name in spent}
+
+    def timed(name: str, method):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - started
+        return wrapper
+
+    for name, method in originals.items():
+        setattr(SequenceKV, name, timed(name, method))
+    try:
+        yield spent
+    finally:
+        for name, method in originals.items():
+            setattr(SequenceKV, name, method)
+
+
+def measure_kv_share(engine: TargetEngine, *, rows: int = 16, num_tokens: int = 1, context_tokens: int = 256,
+                     repeats: int = 5) -> dict[str, float]:
+    """The share of a step's time spent in the KV store (reserve, write, view, crop), at `rows` rows of
+    num_tokens over context_tokens each."""
+    sequences = _prefilled(engine, rows, context_tokens)
+    try:
+        _time_step(engine, sequences, num_tokens, 1)  # warm up untimed
+        with timed_kv_calls() as spent:
+            started = time.perf_counter()
+            _time_step(engine, sequences, num_tokens, repeats - 1)
+            total = time.perf_counter() - started
+    finally:
+        for sequence in sequences:
+            sequence.release()
+    kv_s = sum(spent.values())
+    return {"step_ms": round(1000 * total / repeats, 2), "kv_ms": round(1000 * kv_s / repeats, 3),
+            "kv_share": round(kv_s / total, 4)}

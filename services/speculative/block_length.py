@@ -68,11 +68,13 @@ class BlockLengthController:
             return 0
         if self.cost is None:
             return self._gamma
-        if self._best_for_cost(rows=1.0)[0] == 0:
+        best = self._best_for_cost()[0]  # at the current load: 0 when plain batched decoding yields more
+        if best == 0 and self.rows <= 1.0 and self._best_for_cost(rows=1.0)[0] == 0:
             # Not worth drafting even for a lone stream, by the acceptance so far: keep probing at the shortest
-            # block until the window is long enough for update() to decide on a fallback.
+            # block (cheap when alone; under load a probe would lengthen everyone's step) until the window is
+            # long enough for update() to decide on a fallback.
             return self.config.min_draft_tokens
-        return self._best_for_cost()[0]  # at the current load: 0 when plain batched decoding yields more
+        return best
 
     @property
     def num_plain_rounds(self) -> int:
@@ -135,20 +137,24 @@ class BlockLengthController:
         logger.debug("acceptance %.2f below %.2f: target-only decoding", acceptance, self.config.fallback_below)
 
 
-class PoolAcceptance:
-    """Acceptance of the recent drafted rounds of every session of one draft worker: the prior a new
-    session starts from (its drafter is the same, its prompts alike), instead of a fixed guess."""
+class RecentRounds:
+    """What the recent rounds of every session of one draft worker saw: the acceptance its drafter gets
+    (the prior a new session starts from, its drafter being the same and its prompts alike, instead of a
+    fixed guess) and the load of the verify pool (rows per step, so a new session's first block already
+    meets it)."""
 
     def __init__(self, *, rounds: int = 400, min_rounds: int = 50, explore_every: int = 8) -> None:
         self._rounds: deque[tuple[int, int]] = deque(maxlen=rounds)
         self.min_rounds = min_rounds
         self.explore_every = explore_every
+        self.rows = 1.0  # rows per step the last verdict reported
         self._sessions = 0
         self._lock = threading.Lock()  # fed by the driver thread, read by task threads building sessions
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        if num_draft_tokens:
-            with self._lock:
+    def observe(self, num_draft_tokens: int, num_accepted: int, rows: float) -> None:
+        with self._lock:
+            self.rows = max(1.0, float(rows))
+            if num_draft_tokens:
                 self._rounds.append((num_draft_tokens, num_accepted))
 
     def alpha(self) -> float | None:

@@ -1,5 +1,7 @@
 """The verify worker's session state: rebuild from the committed prefix, LRU eviction under a KV budget."""
 
+import time
+
 from services.engine import GenerationOptions, GenerationSession
 from services.engine.target import run_step
 from services.models.engine import TorchEngine
@@ -65,3 +67,16 @@ def test_lru_eviction_of_idle_sessions_under_budget():
     assert "a" not in table and "c" in table  # ...so a went too, and c is never evicted while working
     popped = table.pop("c")
     assert popped.target.sequence.released and engine.store.used_bytes == 0
+
+
+def test_sessions_left_without_blocks_are_dropped():
+    engine = TorchEngine(build_tiny_llama(0))
+    table = SessionTable(engine)
+    old, busy, fresh = (build_session(engine, spec(name), []) for name in ("old", "busy", "fresh"))
+    busy.take(DraftBlock(request_id="busy", round=0, num_committed=len(PROMPT), draft_ids=[]))
+    for session in (old, busy, fresh):
+        table.put(session)
+    old.last_used = busy.last_used = time.monotonic() - 1000
+    table._sessions.move_to_end("fresh")
+    table.drop_idle(600)
+    assert "old" not in table and "busy" in table and "fresh" in table

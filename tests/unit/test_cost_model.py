@@ -3,7 +3,7 @@
 import pytest
 
 from services.config import SpeculativeSettings
-from services.speculative.block_length import BlockLengthController
+from services.speculative.block_length import LOAD_PLAIN_ROUNDS, BlockLengthController, RecentRounds
 from services.speculative.cost_model import CostModel, alpha_from_rounds, best_block_length
 
 # the uneven CPU curve from the issue: 1 token 43 ms, 2 tokens 73, 3 tokens 91, 5 tokens 71, 9 tokens 80
@@ -52,3 +52,61 @@ def test_controller_in_cost_mode_follows_the_curve_and_falls_back():
     for _ in range(10):
         controller.update(controller.num_draft_tokens or 1, 0)
     assert controller.fallen_back and controller.num_draft_tokens == 0
+
+
+# A CPU-like grid: steps of 1..16 rows of 1..9 tokens; extra tokens are cheap alone, dear in a full step.
+LOADED = CostModel.from_profile({
+    "verify_ms_1": 30.0, "verify_ms_2": 40.0, "verify_ms_5": 52.0, "verify_ms_9": 70.0,
+    "step_ms_4x1": 50.0, "step_ms_4x2": 62.0, "step_ms_4x5": 110.0, "step_ms_4x9": 160.0,
+    "step_ms_16x1": 85.0, "step_ms_16x2": 130.0, "step_ms_16x5": 210.0, "step_ms_16x9": 330.0,
+    "draft_ms_per_token": 0.01})
+
+
+def test_step_cost_reads_the_grid_interpolates_and_extrapolates():
+    assert LOADED.step_cost(1, 5) == 52.0 and LOADED.step_cost(16, 2) == 130.0
+    assert LOADED.step_cost(10, 1) == pytest.approx(50.0 + (10 - 4) / 12 * 35.0)  # between 4 and 16 rows
+    assert LOADED.step_cost(4, 3) == pytest.approx(62.0 + (110.0 - 62.0) / 3)  # between 2 and 5 tokens
+    assert LOADED.step_cost(32, 1) == pytest.approx(85.0 + 16 * 35.0 / 12)  # past 16 rows: the last slope
+    assert UNEVEN.step_cost(16, 5) == UNEVEN.verify_cost(5)  # no grid measured: the one-row curve
+
+
+def test_drafting_pays_alone_and_stops_paying_under_load():
+    alone, _ = best_block_length(0.45, LOADED, range(1, 9), rows=1)
+    loaded, speedup = best_block_length(0.45, LOADED, range(1, 9), rows=16)
+    assert alone >= 2 and loaded == 0 and speedup == 1.0
+    # by hand at 16 rows: plain 1 / 85 tokens per ms beats a block of one, 1.45 / 130
+    assert 1 / 85.0 > (1 + 0.45) / (0.01 + 130.0)
+
+
+def test_controller_follows_the_load_reported_by_verdicts():
+    config = SpeculativeSettings(block_policy="cost", fallback_below=0.0)
+    controller = BlockLengthController(config, cost=LOADED)
+    for _ in range(5):
+        controller.update(4, 1)  # alpha 0.5
+    assert controller.num_draft_tokens > 0 and controller.num_plain_rounds == 0
+    controller.observe_load(16)
+    assert controller.num_draft_tokens == 0 and controller.num_plain_rounds == LOAD_PLAIN_ROUNDS
+    assert not controller.fallen_back  # the load, not the draft: drafting resumes when the load drops
+    controller.observe_load(1)
+    assert controller.num_draft_tokens > 0
+
+
+def test_a_prior_that_says_drafting_does_not_pay_starts_plain_unless_exploring():
+    config = SpeculativeSettings(block_policy="cost")
+    assert BlockLengthController(config, cost=LOADED, prior=0.1, explore=False).fallen_back
+    explorer = BlockLengthController(config, cost=LOADED, prior=0.1, explore=True)
+    assert not explorer.fallen_back and explorer.num_draft_tokens == config.min_draft_tokens  # probes alone
+    explorer.observe_load(16)
+    assert explorer.num_draft_tokens == 0  # but never under load, where a probe slows every row
+    assert not BlockLengthController(config, cost=LOADED, prior=0.9, explore=False).fallen_back
+
+
+def test_recent_rounds_give_the_prior_and_the_load():
+    recent = RecentRounds(min_rounds=3, explore_every=4)
+    recent.observe(4, 4, rows=3)
+    recent.observe(0, 0, rows=5)  # a target-only round: the load, no acceptance
+    assert recent.alpha() is None and recent.rows == 5
+    recent.observe(4, 0, rows=5)
+    recent.observe(4, 2, rows=5)
+    assert recent.alpha() == pytest.approx(6 / 8)  # 6 accepted, 2 rounds that stopped early
+    assert [recent.explore() for _ in range(8)] == [True, False, False, False] * 2
