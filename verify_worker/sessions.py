@@ -75,13 +75,8 @@ def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEv
     is computed here: the engine prefills what the KV lacks in the next steps, in chunks."""
     output_ids = [token_id for event in events for token_id in event.token_ids]
     target = engine.target
-    output = OutputState(
-        tokenizer=target.tokenizer,
-        eos_token_ids=frozenset() if spec.ignore_eos else target.eos_token_ids,
-        max_new_tokens=spec.max_new_tokens,
-        stop=spec.stop,
-        output_ids=output_ids,
-    )
+    output = OutputState.for_request(target, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
+                                     ignore_eos=spec.ignore_eos, output_ids=output_ids)
     sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
     stats = events[-1].stats.copy() if events else SpecDecodingStats()
     session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,

@@ -10,7 +10,6 @@ carry several tokens), TPOT (end - TTFT) / (tokens - 1).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.bench.prompts import BenchPrompt
+from services.bench.stack_client import read_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,9 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, *, ma
             await response.aread()
             raise RuntimeError(f"{prompt.id}: HTTP {response.status_code}: {response.text}")
         async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
+            chunk = read_chunk(line, prompt.id)
+            if chunk is None:
                 continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{prompt.id}: {chunk['error']['message']}")
             if not chunk["choices"]:
                 usage = chunk
                 continue

@@ -26,6 +26,17 @@ def _stats(payload: dict) -> SpecDecodingStats:
     return stats
 
 
+def read_chunk(line: str, prompt_id: str) -> dict | None:
+    """One SSE line of a streamed completion: its JSON chunk, None for anything else ([DONE], pings);
+    an error chunk raises, naming the prompt."""
+    if not line.startswith("data: {"):
+        return None
+    chunk = json.loads(line[6:])
+    if "error" in chunk:
+        raise RuntimeError(f"{prompt_id}: {chunk['error']['message']}")
+    return chunk
+
+
 def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: GenerationOptions) -> GenerationResult:
     body = {
         "model": model, "messages": [{"role": "user", "content": prompt.prompt}],
@@ -41,11 +52,9 @@ def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: Gene
             response.read()
             raise RuntimeError(f"{prompt.id}: HTTP {response.status_code}: {response.text}")
         for line in response.iter_lines():
-            if not line.startswith("data: {"):
+            chunk = read_chunk(line, prompt.id)
+            if chunk is None:
                 continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{prompt.id}: {chunk['error']['message']}")
             if not chunk["choices"]:
                 usage = chunk
                 continue

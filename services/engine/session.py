@@ -43,12 +43,8 @@ class GenerationSession:
         self.drafter = drafter
         self.sampling = options.sampling
         self.chunk_size = options.chunk_size
-        output = OutputState(
-            tokenizer=target.tokenizer,
-            eos_token_ids=frozenset() if options.ignore_eos else target.eos_token_ids,
-            max_new_tokens=options.max_new_tokens,
-            stop=options.stop,
-        )
+        output = OutputState.for_request(target, max_new_tokens=options.max_new_tokens, stop=options.stop,
+                                         ignore_eos=options.ignore_eos)
         cost = options.cost if options.speculative.block_policy == "cost" else None
         self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
         self.draft_s = 0.0  # wall time in drafter.propose

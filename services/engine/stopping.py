@@ -60,6 +60,13 @@ class OutputState:
         self.output_ids: list[int] = list(output_ids)
         self.finish_reason: str | None = None
 
+    @classmethod
+    def for_request(cls, target, *, max_new_tokens: int, stop: Sequence[str] = (), ignore_eos: bool = False,
+                    output_ids: Sequence[int] = ()) -> "OutputState":
+        """A request's rules on `target` (a LoadedModel): its tokenizer and EOS ids unless ignore_eos."""
+        return cls(tokenizer=target.tokenizer, eos_token_ids=frozenset() if ignore_eos else target.eos_token_ids,
+                   max_new_tokens=max_new_tokens, stop=stop, output_ids=output_ids)
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -31,7 +31,7 @@ def next_block_length(current: int, window_acceptance: float, config: Speculativ
     return max(current - config.lower_step, config.min_draft_tokens)
 
 
-LOAD_PLAIN_ROUNDS = 32  # target-only rounds while the load makes drafting not pay, before looking again
+LOAD_PLAIN_ROUNDS = 64  # target-only rounds while the load makes drafting not pay, before looking again
 
 
 class BlockLengthController:

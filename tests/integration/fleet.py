@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -50,3 +52,16 @@ def submit_spec(client: redis.Redis, spec: SessionSpec) -> None:
 
 def output_tokens(client: redis.Redis, request_id: str) -> list[int]:
     return [token for event in read_events(client, request_id) for token in event.token_ids]
+
+
+@contextmanager
+def running_fleet(client: redis.Redis, target, source: DraftSource, *, pipelined: bool = True,
+                  **verify_options) -> Iterator[tuple[VerifyThread, DraftRuntime]]:
+    """A verify worker thread and a draft runtime, both stopped on the way out."""
+    verify = VerifyThread(client, target, **verify_options)
+    runtime = draft_runtime(client, source, pipelined=pipelined)
+    try:
+        yield verify, runtime
+    finally:
+        runtime.close()
+        verify.close()

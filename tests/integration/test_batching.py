@@ -18,7 +18,7 @@ from services.models.kv_store import PAGE_TOKENS
 from services.protocol import SessionSpec
 from services.speculative.sampling import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
-from tests.integration.fleet import VerifyThread, draft_runtime, output_tokens, submit_spec
+from tests.integration.fleet import output_tokens, running_fleet, submit_spec
 from tests.integration.stack import TEST_REDIS
 
 
@@ -62,15 +62,11 @@ def run_sessions(client, runtime, specs: list[SessionSpec]) -> None:
 
 
 def test_many_sessions_share_steps_and_decode_exactly(target, client):
-    verify = VerifyThread(client, target, scheduler=SchedulerSettings(max_batch_size=8, max_batch_tokens=40))
-    runtime = draft_runtime(client, DraftSource("ngram", None))
     specs = [SessionSpec(request_id=f"b-{n}", prompt_ids=prompt(n), max_new_tokens=24, ignore_eos=True,
                          route="ar" if n % 3 == 0 else "sd") for n in range(24)]
-    try:
+    with running_fleet(client, target, DraftSource("ngram", None),
+                       scheduler=SchedulerSettings(max_batch_size=8, max_batch_tokens=40)) as (verify, runtime):
         run_sessions(client, runtime, specs)
-    finally:
-        runtime.close()
-        verify.close()
     for spec in specs:
         assert output_tokens(client, spec.request_id) == reference(target, spec.prompt_ids, 24), spec.request_id
     stats = verify.worker.stats
@@ -79,14 +75,9 @@ def test_many_sessions_share_steps_and_decode_exactly(target, client):
 
 
 def test_plain_route_runs_target_only_rounds_without_a_round_trip_each(target, client):
-    verify = VerifyThread(client, target)
-    runtime = draft_runtime(client, DraftSource("ngram", None))
     spec = SessionSpec(request_id="plain", prompt_ids=prompt(1), max_new_tokens=150, ignore_eos=True, route="ar")
-    try:
+    with running_fleet(client, target, DraftSource("ngram", None)) as (verify, runtime):
         run_sessions(client, runtime, [spec])
-    finally:
-        runtime.close()
-        verify.close()
     assert output_tokens(client, "plain") == reference(target, spec.prompt_ids, 150)
     assert runtime.driver.num_verdicts == 3  # blocks of up to 64 target-only rounds: 64 + 64 + 22
 
@@ -94,31 +85,22 @@ def test_plain_route_runs_target_only_rounds_without_a_round_trip_each(target, c
 def test_sessions_evicted_and_rebuilt_mid_flight_decode_exactly(target, client):
     engine_bytes_per_token = 2 * 2 * 2 * 8 * 4
     budget = 5 * PAGE_TOKENS * engine_bytes_per_token  # room for a few sessions' pages, not for 12
-    verify = VerifyThread(client, target, kv_budget_bytes=budget,
-                          scheduler=SchedulerSettings(max_batch_size=4, max_batch_tokens=64))
-    runtime = draft_runtime(client, DraftSource("ngram", None))
     specs = [SessionSpec(request_id=f"e-{n}", prompt_ids=prompt(100 + n), max_new_tokens=40, ignore_eos=True)
              for n in range(12)]
-    try:
+    with running_fleet(client, target, DraftSource("ngram", None), kv_budget_bytes=budget,
+                       scheduler=SchedulerSettings(max_batch_size=4, max_batch_tokens=64)) as (verify, runtime):
         run_sessions(client, runtime, specs)
-    finally:
-        runtime.close()
-        verify.close()
     assert verify.worker.sessions.num_evictions > 0
     for spec in specs:
         assert output_tokens(client, spec.request_id) == reference(target, spec.prompt_ids, 40), spec.request_id
 
 
 def test_one_driver_carries_sixty_four_sessions(target, client):
-    verify = VerifyThread(client, target, scheduler=SchedulerSettings(max_batch_size=32))
-    runtime = draft_runtime(client, DraftSource("ngram", None))
     specs = [SessionSpec(request_id=f"m-{n}", prompt_ids=prompt(200 + n), max_new_tokens=12, ignore_eos=True)
              for n in range(64)]
-    try:
+    with running_fleet(client, target, DraftSource("ngram", None),
+                       scheduler=SchedulerSettings(max_batch_size=32)) as (verify, runtime):
         run_sessions(client, runtime, specs)
-    finally:
-        runtime.close()
-        verify.close()
     for spec in specs[:: 7]:
         assert output_tokens(client, spec.request_id) == reference(target, spec.prompt_ids, 12), spec.request_id
     assert verify.worker.stats.rows / verify.worker.stats.steps > 8
@@ -128,15 +110,10 @@ def test_seeded_sampling_is_the_same_batched_as_in_process(target, client):
     """One seeding scheme: round r draws from its own streams wherever it runs."""
     draft = perturbed_copy(target, scale=0.05, seed=4)
     sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
-    verify = VerifyThread(client, target)
-    runtime = draft_runtime(client, DraftSource("tiny-draft", draft), pipelined=True)
     specs = [SessionSpec(request_id=f"s-{n}", prompt_ids=prompt(300 + n), max_new_tokens=30, ignore_eos=True,
                          temperature=1.0, top_p=0.95, seed=11) for n in range(4)]
-    try:
+    with running_fleet(client, target, DraftSource("tiny-draft", draft), pipelined=True) as (verify, runtime):
         run_sessions(client, runtime, specs)
-    finally:
-        runtime.close()
-        verify.close()
     for spec in specs:
         expected = reference(target, spec.prompt_ids, 30, sampling, DraftSource("tiny-draft", draft).new_drafter())
         assert output_tokens(client, spec.request_id) == expected, spec.request_id
@@ -144,19 +121,14 @@ def test_seeded_sampling_is_the_same_batched_as_in_process(target, client):
 
 def test_model_drafts_of_many_sessions_step_together(target, client):
     source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=6))
-    verify = VerifyThread(client, target)
-    runtime = draft_runtime(client, source, pipelined=True)
     engine = source.new_drafter().draft_engine.engine
     rows_per_forward: list[int] = []
     forward = engine.forward
     engine.forward = lambda rows: (rows_per_forward.append(len(rows)), forward(rows))[1]
     specs = [SessionSpec(request_id=f"d-{n}", prompt_ids=prompt(400 + n), max_new_tokens=30, ignore_eos=True)
              for n in range(8)]
-    try:
+    with running_fleet(client, target, source, pipelined=True) as (verify, runtime):
         run_sessions(client, runtime, specs)
-    finally:
-        runtime.close()
-        verify.close()
     for spec in specs:
         assert output_tokens(client, spec.request_id) == reference(target, spec.prompt_ids, 30), spec.request_id
     assert max(rows_per_forward) > 1 and sum(rows_per_forward) / len(rows_per_forward) > 1.5
