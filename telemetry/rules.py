@@ -44,12 +44,22 @@ def _hot(beat: Heartbeat, was_hot: bool, config: TelemetrySettings) -> bool:
     return beat.temperature_c > limit
 
 
+def plain_capacity(profile: dict) -> float | None:
+    """Tokens per second a verify worker decodes at its best measured batch: max over rows of
+    rows x 1000 / (ms of a step of that many one-token rows); None without a profile."""
+    rates = [1000.0 / profile["verify_ms_1"]] if profile.get("verify_ms_1") else []
+    for key, ms in profile.items():
+        if key.startswith("step_ms_") and key.endswith("x1") and ms:
+            rates.append(int(key.removeprefix("step_ms_").removesuffix("x1")) * 1000.0 / ms)
+    return max(rates) if rates else None
+
+
 def base_weights(by_pool: dict[str, list[Heartbeat]]) -> dict[str, float]:
-    """Share of new sessions per pool from measured capacity (1 / verify ms per token), else worker count."""
+    """Share of new sessions per pool from measured capacity (tokens per second at the best measured batch,
+    from each worker's start-up profile), else worker count."""
     capacity = {}
     for pool, beats in by_pool.items():
-        capacity[pool] = sum(1000.0 / b.profile["verify_ms_1"] if b.profile.get("verify_ms_1") else 1.0
-                             for b in beats)
+        capacity[pool] = sum(plain_capacity(b.profile) or 1.0 for b in beats)
     total = sum(capacity.values())
     return {pool: value / total for pool, value in capacity.items()} if total else {}
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
-from services.protocol import DraftBlock, OutputEvent, SessionSpec, decode_probs
+from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
@@ -82,6 +82,48 @@ def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEv
     session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,
                             round_index=len(events))
     return VerifySession(spec=spec, target=session)
+
+
+def resume_block(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent],
+                 block: DraftBlock) -> "VerifySession | Verdict | None":
+    """A block whose session this worker does not hold in its state, against the request's stream:
+    - its rounds are all committed (a redelivered task, a resend after a failover): a resync verdict;
+    - none is: a session built from the committed prefix, taking the block;
+    - some are (target-only rounds a dead worker began): a session that takes the rest of them;
+    - the block is from a future the stream does not know, or saw another prefix: None (dropped)."""
+    end_round = block.round + max(1, block.num_rounds)
+    if len(events) < block.round:
+        logger.warning("request %s: block for round %d, stream has %d events: dropped", block.request_id,
+                       block.round, len(events))
+        return None
+    if len(events) >= end_round or (events and events[-1].finished):
+        return resync_verdict(block, events)
+    session = build_session(engine, spec, events)
+    resumed = len(events) > block.round
+    if not resumed and session.target.num_committed != block.num_committed:
+        logger.warning("request %s: block saw %d tokens, stream holds %d: dropped", block.request_id,
+                       block.num_committed, session.target.num_committed)
+        session.target.release()
+        return None
+    session.take(block, first_round_done=resumed,
+                 base_stats=events[block.round - 1].stats if block.round > 0 else None)
+    return session
+
+
+def resync_verdict(block: DraftBlock, events: list[OutputEvent]) -> Verdict:
+    """A verdict for a block whose rounds the stream already holds: what they committed, from the stream."""
+    done = events[block.round:]
+    last = events[-1] if events else None
+    stats = last.stats if last is not None else SpecDecodingStats()
+    before = events[block.round - 1].stats if block.round > 0 else SpecDecodingStats()
+    num_draft_tokens, num_accepted = stats.minus(before)
+    committed = [token for event in done for token in event.token_ids]
+    return Verdict(
+        request_id=block.request_id, round=block.round, num_committed=block.num_committed + len(committed),
+        num_draft_tokens=num_draft_tokens, num_accepted=num_accepted, committed_ids=committed,
+        finished=bool(last and last.finished), finish_reason=last.finish_reason if last else None,
+        worker_id="", num_rounds=len(done), stats=stats, block_sent_at=block.sent_at,
+    )
 
 
 class SessionTable:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from services import protocol
 from services.engine.target import RoundResult
 from services.protocol import DraftBlock, OutputEvent, Verdict
-from services.speculative.stats import SpecDecodingStats
 from verify_worker.sessions import VerifySession
 
 
@@ -73,22 +72,6 @@ def block_verdict(session: VerifySession, worker_id: str) -> Verdict:
         block_sent_at=block.sent_at,
         verify_started_at=session.block_started_at,
         verify_finished_at=time.time(),
-    )
-
-
-def resync_verdict(block: DraftBlock, events: list[OutputEvent], worker_id: str) -> Verdict:
-    """A verdict for a block whose rounds the stream already holds: what they committed, from the stream."""
-    done = events[block.round:]
-    last = events[-1] if events else None
-    stats = last.stats if last is not None else SpecDecodingStats()
-    before = events[block.round - 1].stats if block.round > 0 else SpecDecodingStats()
-    num_draft_tokens, num_accepted = stats.minus(before)
-    committed = [token for event in done for token in event.token_ids]
-    return Verdict(
-        request_id=block.request_id, round=block.round, num_committed=block.num_committed + len(committed),
-        num_draft_tokens=num_draft_tokens, num_accepted=num_accepted, committed_ids=committed,
-        finished=bool(last and last.finished), finish_reason=last.finish_reason if last else None,
-        worker_id="", num_rounds=len(done), stats=stats, block_sent_at=block.sent_at,
     )
 
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
 
 import msgpack
 import redis
@@ -37,26 +35,16 @@ from services.models.engine import TargetEngine
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
 from services.redis_client import RoundCommitter
 from telemetry.probes import apply_override, read_device
+from verify_worker.figures import WorkerFigures
 from verify_worker.scheduler import Candidate, plan_step
-from verify_worker.sessions import SessionTable, VerifySession, build_session
-from verify_worker.verdicts import CommitItem, failure_item, resync_verdict, round_item
+from verify_worker.sessions import SessionTable, VerifySession, resume_block
+from verify_worker.verdicts import CommitItem, failure_item, round_item
 
 logger = logging.getLogger(__name__)
 
 EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
 CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
 IDLE_SESSION_S = 600.0  # a session with no block for this long is dropped (its draft side is gone)
-
-
-@dataclass
-class StepStats:
-    """Rolling figures of the last steps, for heartbeats and the bench."""
-
-    steps: int = 0
-    rows: int = 0
-    tokens: int = 0
-    forward_s: float = 0.0
-    step_s: float = 0.0  # forward + prepare/apply bookkeeping + commits
 
 
 class VerifyWorker:
@@ -82,16 +70,14 @@ class VerifyWorker:
         self.sessions = SessionTable(engine)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
-        self._rounds: deque[tuple[int, int]] = deque(maxlen=200)  # (drafted, accepted), rolling
-        self._token_ms: deque[float] = deque(maxlen=200)  # step ms per committed token, rolling
-        self.stats = StepStats()
+        self.figures = WorkerFigures()
         self.num_blocks = 0
         self.num_bad_messages = 0
         self._arrived: dict[str, float] = {}  # request id -> when its block came
         self._cancel_checked = time.monotonic()
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
         # heartbeats past their TTL.
-        self._snapshot = (0, 0, 0.0)  # (num_sessions, kv_cache_bytes, mean rows per step)
+        self._snapshot = (0, 0)  # (num_sessions, kv_cache_bytes)
 
     # --- the loop -------------------------------------------------------------------------------
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
@@ -106,8 +92,7 @@ class VerifyWorker:
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
         rows = self.step() if self._ready() else 0
-        self._snapshot = (len(self.sessions), self.sessions.kv_bytes,
-                          self.stats.rows / self.stats.steps if self.stats.steps else 0.0)
+        self._snapshot = (len(self.sessions), self.sessions.kv_bytes)
         return rows
 
     def _ready(self) -> list[VerifySession]:
@@ -202,26 +187,12 @@ class VerifyWorker:
             logger.warning("request %s has no spec (expired?): dropping its block", block.request_id)
             return
         events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-        end_round = block.round + max(1, block.num_rounds)
-        if len(events) < block.round:
-            logger.warning("request %s: block for round %d, stream has %d events: dropped",
-                           block.request_id, block.round, len(events))
-            return
-        if len(events) >= end_round or (events and events[-1].finished):
-            # Someone committed these rounds already (its verdict may have gone to a dead sender).
-            resyncs.append(CommitItem.verdict_only(block, resync_verdict(block, events, self.worker_id)))
-            return
-        session = build_session(self.engine, SessionSpec.decode(raw_spec), events)
-        resumed = len(events) > block.round  # a target-only stretch another worker began
-        if not resumed and session.target.num_committed != block.num_committed:
-            logger.warning("request %s: block saw %d tokens, stream holds %d: dropped",
-                           block.request_id, block.num_committed, session.target.num_committed)
-            session.target.release()
-            return
-        base = events[block.round - 1].stats if block.round > 0 else None
-        session.take(block, first_round_done=resumed, base_stats=base)
-        self.sessions.put(session)
-        self._arrived[block.request_id] = time.monotonic()
+        outcome = resume_block(self.engine, SessionSpec.decode(raw_spec), events, block)
+        if isinstance(outcome, VerifySession):
+            self.sessions.put(outcome)
+            self._arrived[block.request_id] = time.monotonic()
+        elif outcome is not None:
+            resyncs.append(CommitItem.verdict_only(block, outcome))
 
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> int:
@@ -249,7 +220,8 @@ class VerifyWorker:
         items = self._outcomes(sessions, results, rows=len(sessions))
         self._publish(items)
         step_s = time.perf_counter() - started
-        self._record(sessions, results, num_tokens, forward_s, step_s)
+        self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
+                                 committed=sum(len(result.committed) for result in results if result is not None))
         self.sessions.evict_idle()
         return len(sessions)
 
@@ -288,7 +260,7 @@ class VerifyWorker:
                 session.first_round_done = True
                 session.batch_rows = rows
                 verification = result.verification
-                self._rounds.append((verification.num_draft_tokens, verification.num_accepted))
+                self.figures.record_round(verification.num_draft_tokens, verification.num_accepted)
             items.append(round_item(session, result, self.worker_id))
             if session.block_done():
                 session.block = None
@@ -348,26 +320,11 @@ class VerifyWorker:
                 logger.info("request %s cancelled: its target-only rounds stop", session.request_id)
                 self.sessions.pop(session.request_id)
 
-    def _record(self, sessions: list[VerifySession], results: list[RoundResult | None], num_tokens: int,
-                forward_s: float, step_s: float) -> None:
-        committed = sum(len(result.committed) for result in results if result is not None)
-        self.stats.steps += 1
-        self.stats.rows += len(sessions)
-        self.stats.tokens += num_tokens
-        logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", len(sessions), num_tokens,
-                     1000 * forward_s, 1000 * step_s)
-        self.stats.forward_s += forward_s
-        self.stats.step_s += step_s
-        if committed:
-            per_token = 1000 * step_s * len(sessions) / committed
-            self._token_ms.extend([per_token] * min(len(sessions), 8))
-
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
-        num_sessions, kv_bytes, mean_rows = self._snapshot
+        num_sessions, kv_bytes = self._snapshot
         raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
         reading = apply_override(read_device(self.device), msgpack.unpackb(raw_override) if raw_override else None)
-        rounds, token_ms = list(self._rounds), sorted(self._token_ms)
         beat = protocol.Heartbeat(
             worker_id=self.worker_id,
             role="verify",
@@ -381,12 +338,7 @@ class VerifyWorker:
             memory_used_frac=reading.memory_used_frac,
             temperature_c=reading.temperature_c,
             overridden=list(reading.overridden),
-            num_draft_tokens=sum(d for d, _ in rounds),
-            num_accepted_tokens=sum(a for _, a in rounds),
-            latency_p50_ms=token_ms[len(token_ms) // 2] if token_ms else None,
-            latency_p99_ms=token_ms[min(len(token_ms) - 1, int(0.99 * len(token_ms)))] if token_ms else None,
             profile=self.profile,
-            batch_rows=mean_rows,
-            step_counters=asdict(self.stats),
+            **self.figures.heartbeat_fields(),
         )
         self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))

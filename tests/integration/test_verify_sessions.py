@@ -7,6 +7,7 @@ from services.engine.target import run_step
 from services.models.engine import TorchEngine
 from services.models.kv_store import PAGE_TOKENS
 from services.protocol import DraftBlock, OutputEvent, SessionSpec
+from services.speculative.stats import SpecDecodingStats
 from tests.conftest import build_tiny_llama
 from verify_worker.sessions import SessionTable, build_session
 
@@ -80,3 +81,30 @@ def test_sessions_left_without_blocks_are_dropped():
     table._sessions.move_to_end("fresh")
     table.drop_idle(600)
     assert "old" not in table and "busy" in table and "fresh" in table
+
+
+def test_a_block_against_the_stream_resumes_resyncs_or_is_dropped():
+    from services.protocol import Verdict
+    from verify_worker.sessions import resume_block
+
+    engine = TorchEngine(build_tiny_llama(0))
+    stats = [SpecDecodingStats(), SpecDecodingStats()]
+    stats[0].observe(3, 2)  # round 0 drafted 3, accepted 2
+    stats[1] = stats[0].copy()
+    stats[1].observe(0, 0)  # round 1 target-only
+    events = [OutputEvent(request_id="r", seq=0, token_ids=[7, 8, 9], num_output_tokens=3, stats=stats[0]),
+              OutputEvent(request_id="r", seq=1, token_ids=[4], num_output_tokens=4, stats=stats[1])]
+    fresh = DraftBlock(request_id="r", round=2, num_committed=len(PROMPT) + 4, draft_ids=[1, 2])
+    session = resume_block(engine, spec("r"), events, fresh)
+    assert session.round == 2 and not session.first_round_done and session.target.draft_ids == [1, 2]
+    plain = DraftBlock(request_id="r", round=1, num_committed=len(PROMPT) + 3, draft_ids=[], num_rounds=5)
+    resumed = resume_block(engine, spec("r"), events, plain)  # round 1 of 1..5 is already in the stream
+    assert resumed.first_round_done and resumed.block_end_round == 6 and resumed.autonomous
+    done = DraftBlock(request_id="r", round=0, num_committed=len(PROMPT), draft_ids=[7, 8, 5])
+    resync = resume_block(engine, spec("r"), events, done)  # a resend of round 0: it is committed
+    assert isinstance(resync, Verdict) and resync.committed_ids == [7, 8, 9, 4] and resync.num_rounds == 2
+    assert (resync.num_draft_tokens, resync.num_accepted) == (3, 2)
+    assert resume_block(engine, spec("r"), events, DraftBlock(request_id="r", round=5, num_committed=99,
+                                                              draft_ids=[])) is None  # from the future
+    stale = DraftBlock(request_id="r", round=2, num_committed=3, draft_ids=[1])  # saw another prefix
+    assert resume_block(engine, spec("r"), events, stale) is None

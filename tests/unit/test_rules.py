@@ -94,3 +94,13 @@ def test_gateway_route_choice_follows_weights_and_rules():
     short = CONFIG.model_copy(update={"short_prompt_pool": "cpu"})
     assert choose_route(table, default_pool="gpu", num_prompt_tokens=10, priority="normal", config=short,
                         wrr_state={}).pool == "cpu"
+
+
+def test_capacity_counts_what_a_worker_decodes_batched():
+    from telemetry.rules import plain_capacity
+
+    alone_only = {"verify_ms_1": 40.0}
+    batched = {"verify_ms_1": 40.0, "step_ms_16x1": 100.0, "step_ms_16x5": 300.0, "step_ms_32x1": 250.0}
+    assert plain_capacity(alone_only) == 25.0
+    assert plain_capacity(batched) == 160.0  # 16 rows in 100 ms beats 1 in 40 and 32 in 250
+    assert plain_capacity({}) is None

@@ -1,0 +1,60 @@
+"""What a verify worker counts, collected here and exported in its heartbeat (and from there to telemetry,
+/metrics and the bench): step counters, recent acceptance, per-token latency."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepCounters:
+    """Cumulative, so a reader takes differences over any interval (the bench does, per level)."""
+
+    steps: int = 0
+    rows: int = 0
+    tokens: int = 0
+    forward_s: float = 0.0  # in the engine's forward
+    step_s: float = 0.0  # forward + preparing rows, the round math, commits
+
+    @property
+    def mean_rows(self) -> float:
+        """rows / steps."""
+        return self.rows / self.steps if self.steps else 0.0
+
+
+@dataclass
+class WorkerFigures:
+    counters: StepCounters = field(default_factory=StepCounters)
+    rounds: deque = field(default_factory=lambda: deque(maxlen=200))  # (drafted, accepted) of recent rounds
+    token_ms: deque = field(default_factory=lambda: deque(maxlen=200))  # step ms per committed token, recent
+
+    def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.rounds.append((num_draft_tokens, num_accepted))
+
+    def record_step(self, *, rows: int, tokens: int, committed: int, forward_s: float, step_s: float) -> None:
+        counters = self.counters
+        counters.steps += 1
+        counters.rows += rows
+        counters.tokens += tokens
+        counters.forward_s += forward_s
+        counters.step_s += step_s
+        logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", rows, tokens, 1000 * forward_s,
+                     1000 * step_s)
+        if committed:  # ms per committed token, as a stream of this step saw it: step time x rows / tokens
+            self.token_ms.extend([1000 * step_s * rows / committed] * min(rows, 8))
+
+    def heartbeat_fields(self) -> dict:
+        """The heartbeat's figures: acceptance over recent rounds, p50/p99 per-token latency, the counters."""
+        rounds, token_ms = list(self.rounds), sorted(self.token_ms)
+        return {
+            "num_draft_tokens": sum(drafted for drafted, _ in rounds),
+            "num_accepted_tokens": sum(accepted for _, accepted in rounds),
+            "latency_p50_ms": token_ms[len(token_ms) // 2] if token_ms else None,
+            "latency_p99_ms": token_ms[min(len(token_ms) - 1, int(0.99 * len(token_ms)))] if token_ms else None,
+            "batch_rows": self.counters.mean_rows,
+            "step_counters": asdict(self.counters),
+        }
