@@ -59,9 +59,11 @@ class SessionHandle:
     done: threading.Event = field(default_factory=threading.Event)
     summary: SessionSummary | None = None
     error: str | None = None
+    snapshot: dict = field(default_factory=dict)  # progress, written by the driver thread only
 
     def progress(self) -> dict:
-        return self.session.progress()
+        """The session's progress as of its last verdict (task threads never read the session itself)."""
+        return dict(self.snapshot)
 
 
 class SessionDriver(threading.Thread):
@@ -74,6 +76,9 @@ class SessionDriver(threading.Thread):
         self.committer = RoundCommitter(client)
         self._handles: dict[str, SessionHandle] = {}
         self._incoming: list[SessionHandle] = []
+        # Sessions whose next block is due: kept here until it is sent, so an error anywhere in a turn
+        # (Redis gone for a moment) delays them instead of forgetting them.
+        self._due: dict[str, SessionHandle] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self.stopping = threading.Event()
@@ -106,38 +111,62 @@ class SessionDriver(threading.Thread):
                 time.sleep(0.1)
 
     def turn(self) -> None:
-        ready: list[SessionHandle] = []  # sessions whose next block is built this turn
-        self._start_new(ready)
-        raws = self._pop_verdicts(wait=not ready and not self._speculation_pending())
+        self._start_new()
+        raws = self._pop_verdicts(wait=not self._due and not self._speculation_pending())
         for raw in raws:
-            self._on_verdict(raw, ready)
-        self._send(self._next_blocks(ready))
+            try:
+                self._on_verdict(raw)
+            except Exception:  # a verdict this side cannot apply: that session fails, the others go on
+                logger.exception("draft driver: could not apply a verdict")
+        self._send(self._next_blocks())
         if time.monotonic() - self._controlled >= CONTROL_EVERY_S:
             self._controlled = time.monotonic()
             self._control()
         self._speculate()
 
-    def _start_new(self, ready: list[SessionHandle]) -> None:
+    def _start_new(self) -> None:
         with self._lock:
             incoming, self._incoming = self._incoming, []
         for handle in incoming:
             self._handles[handle.session.request_id] = handle
-            ready.append(handle)
+            self._due[handle.session.request_id] = handle
 
-    def _next_blocks(self, ready: list[SessionHandle]) -> list[tuple[SessionHandle, DraftBlock]]:
-        """Every ready session's next block, the drafting of all of them in one batched call (a model draft
-        steps them together: services/models/drafters/batched.py)."""
-        calls = [(handle, handle.session.draft_call()) for handle in ready]
+    def _next_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
+        """Every due session's next block, the drafting of all of them in one batched call (a model draft
+        steps them together: services/models/drafters/batched.py). A session whose drafting fails ends
+        with an error; the others are drafted again one by one."""
+        due = [handle for handle in self._due.values() if handle.session.in_flight is None]
+        if not due:
+            return []
+        calls = [(handle, handle.session.draft_call()) for handle in due]
         wanted = [(handle, call) for handle, call in calls if call is not None]
         proposals: dict[int, tuple[DraftProposal, float]] = {}
         if wanted:
             started = time.perf_counter()
-            drafted = propose_many([call for _, call in wanted])
+            try:
+                drafted = propose_many([call for _, call in wanted])
+            except Exception:
+                logger.exception("draft driver: batched drafting failed; drafting session by session")
+                drafted = [self._draft_alone(handle, call) for handle, call in wanted]
             elapsed = time.perf_counter() - started
-            total = sum(len(proposal.token_ids) for proposal in drafted) or 1
+            total = sum(len(proposal.token_ids) for proposal in drafted if proposal is not None) or 1
             for (handle, _), proposal in zip(wanted, drafted):  # the batch's time, shared by tokens drafted
-                proposals[id(handle)] = (proposal, elapsed * len(proposal.token_ids) / total)
-        return [(handle, handle.session.next_block(*proposals.get(id(handle), (None, 0.0)))) for handle in ready]
+                if proposal is not None:
+                    proposals[id(handle)] = (proposal, elapsed * len(proposal.token_ids) / total)
+        blocks = []
+        for handle in due:
+            if handle.session.request_id not in self._handles:  # its drafting failed: already finished
+                continue
+            blocks.append((handle, handle.session.next_block(*proposals.get(id(handle), (None, 0.0)))))
+        return blocks
+
+    def _draft_alone(self, handle: SessionHandle, call) -> DraftProposal | None:
+        try:
+            return propose_many([call])[0]
+        except Exception as exc:
+            logger.exception("request %s: drafting failed", handle.session.request_id)
+            self._finish(handle, error=f"drafting failed: {type(exc).__name__}: {exc}")
+            return None
 
     def _pop_verdicts(self, wait: bool) -> list[bytes]:
         raws = self.client.lpop(self.inbox, INBOX_BATCH)
@@ -150,7 +179,7 @@ class SessionDriver(threading.Thread):
         item = self.client.blpop([self.inbox], timeout=min(IDLE_WAIT_S, CONTROL_EVERY_S))
         return [item[1]] if item else []
 
-    def _on_verdict(self, raw: bytes, ready: list[SessionHandle]) -> None:
+    def _on_verdict(self, raw: bytes) -> None:
         try:
             message = decode_one_of(raw, (Verdict, BlockTaken))
         except ProtocolError as exc:
@@ -167,15 +196,22 @@ class SessionDriver(threading.Thread):
         if session is None or session.in_flight is None or verdict.round != session.round:
             logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round)
             return
-        if session.on_verdict(verdict):
+        try:
+            finished = session.on_verdict(verdict)
+        except Exception as exc:
+            self._finish(handle, error=f"could not apply the verdict of round {verdict.round}: {exc}")
+            raise
+        handle.snapshot = session.progress()
+        if finished:
             self._finish(handle)
         else:
-            ready.append(handle)
+            self._due[session.request_id] = handle
 
     def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]]) -> None:
         """RPUSH every block to its session's sticky verify worker (the pool when none is known)."""
         if not outgoing:
             return
+        sent = []
         with self.client.pipeline(transaction=False) as pipe:
             for handle, block in outgoing:
                 session = handle.session
@@ -183,9 +219,12 @@ class SessionDriver(threading.Thread):
                 queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
                     session.spec.pool)
                 payload = block.encode()
-                session.sent(block, payload, worker)
+                sent.append((handle, block, payload, worker))
                 pipe.rpush(queue, payload)
-            pipe.execute()
+            pipe.execute()  # raises when Redis is away: the blocks stay due and are sent again
+        for handle, block, payload, worker in sent:
+            handle.session.sent(block, payload, worker)
+            self._due.pop(handle.session.request_id, None)
 
     def _speculations(self) -> list[SpeculationState]:
         states = (handle.session.speculation() for handle in self._handles.values())
@@ -264,6 +303,7 @@ class SessionDriver(threading.Thread):
     def _finish(self, handle: SessionHandle, error: str | None = None) -> None:
         session = handle.session
         self._handles.pop(session.request_id, None)
+        self._due.pop(session.request_id, None)
         session.in_flight = None
         session.release()
         handle.error = error
@@ -277,7 +317,10 @@ class SessionDriver(threading.Thread):
         handle = self.submit(session)
         while not handle.done.wait(every_s):
             if on_tick is not None:
-                on_tick(handle.progress())
+                try:
+                    on_tick(handle.progress())
+                except Exception:  # a missed lease renewal or progress report is retried next tick
+                    logger.exception("request %s: tick failed", session.request_id)
         if handle.error is not None:
             raise SessionFailed(handle.error)
         return handle.summary

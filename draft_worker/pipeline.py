@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, propose_many
 from services.protocol import Verdict
 from services.speculative.sampling import SamplingParams
@@ -57,7 +57,7 @@ class SpeculationState:
         self.guess_generator = guess_generator or generator
         self.stepwise = bool(getattr(drafter, "stepwise", False))
         self.tokens: list[int] = []
-        self.probs: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor | None] = []  # per token; None: a point mass
         self.elapsed_s = 0.0
         self.stalled = False  # the drafter had nothing more to propose
 
@@ -77,14 +77,14 @@ class SpeculationState:
             self.stalled = True
             return
         self.tokens.extend(proposal.token_ids)
-        self.probs.extend(proposal.probs if proposal.probs is not None else [])
+        self.probs.extend(per_token_probs(proposal))
 
     def result(self) -> Speculation | None:
         """The speculation as drafted so far; None when not even the guess was drafted."""
         if not self.tokens:
             return None
-        draft_probs = torch.stack(self.probs[1:]) if len(self.probs) > 1 else None
-        return Speculation(self.tokens[0], self.tokens[1:], draft_probs, self.elapsed_s, time.time())
+        return Speculation(self.tokens[0], self.tokens[1:], block_probs(self.probs[1:], self.tokens[1:]),
+                           self.elapsed_s, time.time())
 
 
 def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> None:

@@ -89,9 +89,18 @@ class DraftRuntime:
                             recent=self.recent)
 
 
-@lru_cache(maxsize=1)
+_RUNTIME_LOCK = threading.Lock()
+
+
 def get_runtime() -> DraftRuntime:
-    """Loaded once per worker process, on the first task."""
+    """Loaded once per worker process (the heartbeat thread and the first tasks ask at the same time: one
+    builds it, the others wait; two runtimes would be two drivers on one inbox)."""
+    with _RUNTIME_LOCK:
+        return _build_runtime()
+
+
+@lru_cache(maxsize=1)
+def _build_runtime() -> DraftRuntime:
     import torch
 
     settings = get_settings()

@@ -26,7 +26,7 @@ import torch
 from draft_worker.pipeline import DraftTiming, SpeculationState, hidden_seconds, speculation_holds
 from services import protocol
 from services.config import SpeculativeSettings
-from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds
@@ -163,14 +163,13 @@ class DraftSession:
         if length <= 0:
             return self._make_block([], None, self._plain_rounds())
         draft_ids = ready_ids[:length]
-        probs = ready_probs[:length] if ready_probs is not None else None
+        rows = list(ready_probs[:length]) if ready_probs is not None else [None] * len(draft_ids)
         if proposal is not None and proposal.token_ids:
             draft_ids = [*draft_ids, *proposal.token_ids]
-            if proposal.probs is not None:
-                probs = proposal.probs if probs is None else torch.cat([probs, proposal.probs])
+            rows += per_token_probs(proposal)
         if not draft_ids:  # nothing to propose (no lookup match): one target-only round
             return self._make_block([], None)
-        return self._make_block(draft_ids, probs)
+        return self._make_block(draft_ids, block_probs(rows, draft_ids))
 
     def _stream(self, round_index: int) -> torch.Generator:
         """Round r's draft randomness: its own seeded stream, so the draft of a round is the same

@@ -34,6 +34,7 @@ class VerifySession:
     block_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # stats when the block began
     batch_rows: int = 1  # rows of the step that verified the block's drafted round
     block_started_at: float = 0.0  # wall clock: when the worker took the block
+    arrived_at: float = 0.0  # monotonic, the same moment: first come, first served within a priority
     last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -63,6 +64,7 @@ class VerifySession:
         self.block_end_round = block.round + max(1, block.num_rounds)
         self.block_stats = (base_stats or self.target.stats).copy()
         self.block_started_at = time.time()  # taken: time from here to the verdict is the worker's
+        self.arrived_at = time.monotonic()
         if not first_round_done:
             self.target.set_draft(block.draft_ids, decode_probs(block))
 

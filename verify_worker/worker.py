@@ -73,7 +73,6 @@ class VerifyWorker:
         self.figures = WorkerFigures()
         self.num_blocks = 0
         self.num_bad_messages = 0
-        self._arrived: dict[str, float] = {}  # request id -> when its block came
         self._cancel_checked = time.monotonic()
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
         # heartbeats past their TTL.
@@ -83,7 +82,14 @@ class VerifyWorker:
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
         logger.info("verify worker %s serving pool %s (queues %s)", self.worker_id, self.pool, self.queues)
         while not stop.is_set():
-            self.turn(poll_s)
+            try:
+                self.turn(poll_s)
+            except redis.RedisError:  # Redis gone for a moment: keep the sessions, try again
+                logger.exception("verify worker %s: Redis error; retrying", self.worker_id)
+                stop.wait(0.5)
+            except Exception:  # the process boundary: one bad turn must not end the worker
+                logger.exception("verify worker %s: unexpected error in a turn", self.worker_id)
+                stop.wait(0.1)
 
     def turn(self, poll_s: float = 0.5) -> int:
         """One intake, batch window and step; returns the rows stepped (0: idle)."""
@@ -152,12 +158,19 @@ class VerifyWorker:
                 self.sessions.pop(block.request_id)
                 continue
             session = self.sessions.get(block.request_id)
-            if session is not None and not session.has_work and session.round == block.round \
+            if session is None:
+                rebuild.append(block)
+            elif session.has_work and session.block.round == block.round:
+                logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round)
+            elif not session.has_work and session.round == block.round \
                     and session.target.num_committed == block.num_committed:
-                session.take(block)
-                self._arrived[block.request_id] = time.monotonic()
+                try:
+                    session.take(block)
+                except (ProtocolError, AssertionError) as exc:  # its draft probs do not match its tokens
+                    self._fail([(block.request_id, block)], f"bad block: {exc}")
+                    continue
                 self.sessions.touch(session)
-            else:
+            else:  # stale (answered from the stream), or ahead of what this worker holds (rebuilt)
                 rebuild.append(block)
         if rebuild:
             self._rebuild(rebuild)
@@ -182,16 +195,15 @@ class VerifyWorker:
             self._publish(resyncs)
 
     def _rebuild_one(self, block: DraftBlock, raw_spec: bytes | None, entries: list, resyncs: list) -> None:
-        self.sessions.pop(block.request_id)
         if raw_spec is None:
             logger.warning("request %s has no spec (expired?): dropping its block", block.request_id)
+            self.sessions.pop(block.request_id)
             return
         events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
         outcome = resume_block(self.engine, SessionSpec.decode(raw_spec), events, block)
         if isinstance(outcome, VerifySession):
-            self.sessions.put(outcome)
-            self._arrived[block.request_id] = time.monotonic()
-        elif outcome is not None:
+            self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
+        elif outcome is not None:  # a stale block: answered, and a session held here is left as it is
             resyncs.append(CommitItem.verdict_only(block, outcome))
 
     # --- one step -------------------------------------------------------------------------------
@@ -199,7 +211,7 @@ class VerifyWorker:
         ready = {session.request_id: session for session in self._ready()}
         planned = plan_step(
             (Candidate(key, session.spec.priority, session.target.num_pending_tokens,
-                       session.target.num_uncached <= 1, self._arrived.get(key, 0.0))
+                       session.target.num_uncached <= 1, session.arrived_at)
              for key, session in ready.items()),
             max_rows=self.scheduler.max_batch_size, max_tokens=self.scheduler.max_batch_tokens)
         chosen = self._fit_kv_budget([(ready[row.key], row.token_budget) for row in planned])
@@ -236,11 +248,12 @@ class VerifyWorker:
             row_tokens = session.target.num_pending_tokens if budget is None else min(
                 budget, session.target.num_pending_tokens)
             needed = store.growth_bytes(session.target.sequence, session.target.num_cached + row_tokens)
-            if self.sessions.evict_idle(growth + needed, keep=keep):
+            if needed == 0 or self.sessions.evict_idle(growth + needed, keep=keep):
                 chosen.append((session, budget))
                 growth += needed
             elif not chosen:
-                if store.budget_bytes is not None and needed > store.budget_bytes:
+                if store.budget_bytes is not None and \
+                        session.target.sequence.reserved_bytes + needed > store.budget_bytes:
                     self._fail([(session.request_id, session.block)],
                                f"the request needs {needed} bytes of KV cache, more than this worker's whole "
                                f"budget of {store.budget_bytes} (worker.kv_budget_mb)")
@@ -265,7 +278,6 @@ class VerifyWorker:
             if session.block_done():
                 session.block = None
                 session.last_verdict_at = time.monotonic()
-                self._arrived.pop(session.request_id, None)
         return items
 
     # --- commits --------------------------------------------------------------------------------

@@ -116,3 +116,19 @@ def test_unsupported_architectures_are_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(UnsupportedModelError, match="model type 'gpt2' is not supported"):
         decoder_parts(model)
+
+
+def test_an_int8_target_gives_each_row_what_it_gets_alone():
+    """Dynamic int8 scales activations per tensor: packed rows would change each other, so it runs row by row."""
+    target = build_tiny_llama(4).with_precision("int8")
+    generator = torch.Generator().manual_seed(2)
+    prompts = [random_ids(generator, n) for n in (3, 40, 9)]
+    alone = []
+    for prompt in prompts:
+        engine = TorchEngine(target)
+        alone.append(engine.forward([ForwardRow(engine.new_sequence(), prompt, 2)])[0])
+    engine = TorchEngine(target)
+    assert engine.row_by_row
+    together = engine.forward([ForwardRow(engine.new_sequence(), prompt, 2) for prompt in prompts])
+    for single, batched in zip(alone, together):
+        assert torch.equal(batched, single)

@@ -21,6 +21,30 @@ class DraftProposal:
         return len(self.token_ids)
 
 
+def block_probs(per_token: list[torch.Tensor | None], token_ids: list[int]) -> torch.Tensor | None:
+    """One block's draft probs [len(token_ids), vocab] from per-token rows, where None is a point mass on
+    that token (prompt lookup); None when every token is a point mass. A block drafted in pieces (a guess,
+    a speculation, a top-up, lookup and model tokens mixed) keeps each row on its own token."""
+    assert len(per_token) == len(token_ids), f"{len(per_token)} probability rows for {len(token_ids)} tokens"
+    known = [row for row in per_token if row is not None]
+    if not known:
+        return None
+    rows = []
+    for row, token_id in zip(per_token, token_ids):
+        if row is None:
+            row = torch.zeros_like(known[0])
+            row[token_id] = 1.0
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def per_token_probs(proposal: DraftProposal) -> list[torch.Tensor | None]:
+    """A proposal's probs as one entry per token (None: a point mass)."""
+    if proposal.probs is None:
+        return [None] * proposal.num_draft_tokens
+    return list(proposal.probs)
+
+
 class Drafter(Protocol):
     """Per-session drafter: stateful (caches) but driven only by the committed context."""
 

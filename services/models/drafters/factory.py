@@ -70,8 +70,8 @@ class DraftSource:
         if not self._engine_checked:
             self._engine_checked = True
             if self.model.precision == "int8":
-                # dynamic int8 quantises activations per tensor: rows stepped together would change each
-                # other's scales, so a block would depend on its batch. Session by session it is.
+                # dynamic int8 quantises activations per tensor, so the engine would run it row by row
+                # anyway (services/models/engine.py): a cache per session does the same with less overhead
                 logger.info("draft %s (int8) drafts session by session", self.spec)
             else:
                 try:

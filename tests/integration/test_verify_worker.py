@@ -1,0 +1,105 @@
+"""The verify worker's intake against a real Redis, turn by turn: stale and duplicate blocks, bad blocks, and
+a draft driver that loses Redis for a moment."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import torch
+
+from services.models.drafters import DraftSource
+from services.models.drafters.base import block_probs
+from services.models.engine import TorchEngine
+from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, output_stream, verify_pool_queue
+from services.redis_client import read_events
+from tests.conftest import build_tiny_llama
+from tests.integration.fleet import output_tokens, running_fleet, submit_spec
+from tests.integration.stack import TEST_REDIS
+from verify_worker.worker import VerifyWorker
+
+PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12]
+REPLY = "test:inbox"
+
+
+@pytest.fixture
+def client():
+    connection = redis.Redis.from_url(f"{TEST_REDIS}/12")
+    connection.flushdb()
+    yield connection
+    connection.flushdb()
+
+
+@pytest.fixture
+def worker(client):
+    return VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu")
+
+
+def block(round_index: int, num_committed: int, draft_ids=(), **fields) -> DraftBlock:
+    return DraftBlock(request_id="r", round=round_index, num_committed=num_committed, draft_ids=list(draft_ids),
+                      reply_to=REPLY, **fields)
+
+
+def verdicts(client) -> list[Verdict]:
+    return [Verdict.decode(raw) for raw in client.lrange(REPLY, 0, -1) if b"verdict" in raw]
+
+
+def test_a_stale_block_is_answered_from_the_stream_and_the_block_in_hand_survives(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    first = verdicts(client)[0]
+    session = worker.sessions.get("r")
+    assert session.round == 1 and not session.has_work
+    # the next block, then a resend of round 0 (a draft side that thought this worker dead)
+    worker._admit([(block(1, first.num_committed, [3, 4]).encode(), False), (block(0, len(PROMPT)).encode(), True)])
+    assert worker.sessions.get("r") is session and session.block.round == 1  # the block in hand stays
+    resync = [v for v in verdicts(client) if v.round == 0][-1]
+    assert resync.committed_ids == first.committed_ids and resync.num_rounds == 1
+    worker._admit([(block(1, first.num_committed, [3, 4]).encode(), False)])  # a duplicate of the block in hand
+    assert worker.sessions.get("r") is session and session.target.draft_ids == [3, 4]
+    while not any(v.round == 1 for v in verdicts(client)):
+        worker.turn(0.1)
+    assert [event.seq for event in read_events(client, "r")] == [0, 1]
+
+
+def test_a_bad_block_fails_its_request_and_the_worker_goes_on(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    bad = block(0, len(PROMPT), [3, 4], draft_probs=b"\x00" * 6, vocab_size=96)  # 6 bytes, not 2 x 96 x 2
+    client.rpush(verify_pool_queue("cpu"), bad.encode())
+    worker.turn(0.1)
+    worker.turn(0.1)
+    events = read_events(client, "r")
+    assert events[-1].finished and events[-1].finish_reason == "error" and "draft_probs" in events[-1].error
+    assert "r" not in worker.sessions
+
+
+def test_draft_probs_stay_on_their_tokens_when_a_block_mixes_lookup_and_model():
+    model_row = torch.softmax(torch.randn(5), dim=0)
+    probs = block_probs([None, model_row, None], [2, 4, 1])  # lookup, model, lookup
+    assert probs.shape == (3, 5) and probs[0, 2] == 1.0 and probs[0].sum() == 1.0
+    assert torch.equal(probs[1], model_row) and probs[2, 1] == 1.0
+    assert block_probs([None, None], [1, 2]) is None
+
+
+def test_the_driver_keeps_due_sessions_through_a_redis_error(client):
+    target = build_tiny_llama(0)
+    with running_fleet(client, target, DraftSource("ngram", None)) as (_, runtime):
+        driver = runtime.driver
+        send = driver._send
+        failures = []
+
+        def flaky_send(outgoing):
+            if outgoing and not failures:
+                failures.append(len(outgoing))
+                raise redis.ConnectionError("Redis went away for a moment")
+            return send(outgoing)
+
+        driver._send = flaky_send
+        spec = SessionSpec(request_id="flaky", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
+        submit_spec(client, spec)
+        summary = driver.drive(runtime.new_session(spec, []), every_s=0.5)
+    assert failures and summary.finish_reason == "length"
+    events = [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(output_stream("flaky"))]
+    assert [event.seq for event in events] == list(range(len(events)))
+    assert len(output_tokens(client, "flaky")) == 20
