@@ -65,3 +65,16 @@ def running_fleet(client: redis.Redis, target, source: DraftSource, *, pipelined
     finally:
         runtime.close()
         verify.close()
+
+
+@contextmanager
+def empty_redis(db: int) -> Iterator[redis.Redis]:
+    """The test Redis database `db`, emptied before and after."""
+    from tests.integration.stack import TEST_REDIS
+
+    connection = redis.Redis.from_url(f"{TEST_REDIS}/{db}")
+    connection.flushdb()
+    try:
+        yield connection
+    finally:
+        connection.flushdb()

@@ -8,7 +8,6 @@ budget, one driver carries dozens of sessions, and every output is single-stream
 from __future__ import annotations
 
 import pytest
-import redis
 import torch
 
 from services.config import SchedulerSettings
@@ -18,8 +17,7 @@ from services.models.kv_store import PAGE_TOKENS
 from services.protocol import SessionSpec
 from services.speculative.sampling import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
-from tests.integration.fleet import output_tokens, running_fleet, submit_spec
-from tests.integration.stack import TEST_REDIS
+from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +27,8 @@ def target():
 
 @pytest.fixture
 def client():
-    connection = redis.Redis.from_url(f"{TEST_REDIS}/11")
-    connection.flushdb()
-    yield connection
-    connection.flushdb()
+    with empty_redis(11) as connection:
+        yield connection
 
 
 def prompt(seed: int) -> list[int]:

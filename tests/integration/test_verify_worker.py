@@ -13,8 +13,7 @@ from services.models.engine import TorchEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, output_stream, verify_pool_queue
 from services.redis_client import read_events
 from tests.conftest import build_tiny_llama
-from tests.integration.fleet import output_tokens, running_fleet, submit_spec
-from tests.integration.stack import TEST_REDIS
+from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
 from verify_worker.worker import VerifyWorker
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12]
@@ -23,10 +22,8 @@ REPLY = "test:inbox"
 
 @pytest.fixture
 def client():
-    connection = redis.Redis.from_url(f"{TEST_REDIS}/12")
-    connection.flushdb()
-    yield connection
-    connection.flushdb()
+    with empty_redis(12) as connection:
+        yield connection
 
 
 @pytest.fixture
