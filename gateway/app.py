@@ -27,7 +27,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = init_db(settings.database_url)
         state = GatewayState(
             settings=settings,
-            redis=aioredis.from_url(settings.redis_url),
+            # every streaming request holds a connection while it waits on its stream: size the pool for
+            # the admission limit, and have a burst wait for a connection instead of failing
+            redis=aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+                settings.redis_url, max_connections=settings.gateway.max_inflight + 64, timeout=10)),
             celery=create_celery_app(settings),
             db=session_factory(engine),
             model=load_served_model(settings),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import redis
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -66,6 +68,14 @@ def install_error_handlers(app: FastAPI) -> None:
         count(request, 400)
         message, param = _describe(exc)
         return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        """Redis busy or away is load or an outage, not a bug in the request: 503 and when to come back."""
+        count(request, 503)
+        logger.warning("redis: %s: %s", type(exc).__name__, exc)
+        return JSONResponse(error_body(503, f"the queue is unavailable ({type(exc).__name__}); retry shortly"),
+                            status_code=503, headers={"Retry-After": "2"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

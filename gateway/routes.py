@@ -63,7 +63,6 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         prompt_ids=prompt_ids,
         default_max_tokens=None if chat else 16,
     )
-    state.inflight += 1
     if params.stream:
         include_usage = bool(params.stream_options and params.stream_options.include_usage)
         return EventSourceResponse(_stream(request, state, submitted, params, chat, include_usage), sep="\n",

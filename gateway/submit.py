@@ -81,6 +81,19 @@ async def submit(
     _validate(state, params, prompt_ids, max_new_tokens)
     if state.inflight >= state.settings.gateway.max_inflight:
         raise APIError(503, "server is at capacity; retry shortly", headers={"Retry-After": "2"})
+    # The slot is taken before the first await, so a burst cannot all pass the check above; the caller
+    # gives it back when the request ends, submit gives it back when it fails.
+    state.inflight += 1
+    try:
+        return await _submit_admitted(state, caller, endpoint=endpoint, prefix=prefix, params=params,
+                                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
+    except BaseException:
+        state.inflight -= 1
+        raise
+
+
+async def _submit_admitted(state: GatewayState, caller: Caller, *, endpoint: str, prefix: str,
+                           params: SamplingFields, prompt_ids: list[int], max_new_tokens: int) -> Submitted:
     draft_pool = state.settings.worker.pool
     route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
     if params.route == "ar":

@@ -22,7 +22,7 @@ TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
 class Stack:
     def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
                  draft_concurrency: int = 8, auth: bool = True, verify_pools: list[str] | None = None,
-                 telemetry: bool = False) -> None:
+                 telemetry: bool = False, env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.pool = pool
         self.port = free_port()
@@ -40,6 +40,7 @@ class Stack:
             "MIRROR_SD_GATEWAY__AUTH_DISABLED": "false" if auth else "true",
             "MIRROR_SD_NUM_THREADS": "1",
             "MIRROR_SD_TELEMETRY__METRICS_PORT": str(self.telemetry_port),
+            **(env or {}),
         }
         pools = verify_pools or [pool] * verify_workers
         self.verify_ids = [f"verify-{verify_pool}-{index}" for index, verify_pool in enumerate(pools)]

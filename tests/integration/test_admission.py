@@ -1,0 +1,42 @@
+"""A burst over the gateway's admission limit: the excess gets 503 with Retry-After, never a 500, and the
+admitted requests finish."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.integration.stack import Stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    running = Stack(tmp_path_factory.mktemp("admission"), redis_db=14, verify_workers=1, auth=False,
+                    env={"MIRROR_SD_GATEWAY__MAX_INFLIGHT": "6"}).start()
+    yield running
+    running.stop()
+
+
+async def burst(base_url: str, count: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=300,
+                                 limits=httpx.Limits(max_connections=count + 4)) as client:
+        body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 4,
+                "temperature": 0}
+        return list(await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(count))))
+
+
+def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(stack):
+    responses = asyncio.run(burst(stack.base_url, 40))
+    codes = [response.status_code for response in responses]
+    assert set(codes) <= {200, 503}, codes
+    assert 1 <= codes.count(200) and codes.count(503) >= 40 - 2 * 6
+    for response in responses:
+        if response.status_code == 503:
+            assert response.headers["Retry-After"] and "capacity" in response.json()["error"]["message"]
+        else:
+            assert response.json()["usage"]["completion_tokens"] >= 1
+    assert httpx.get(f"{stack.base_url}/readyz").json()["ready"]
