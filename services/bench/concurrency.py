@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -158,14 +159,20 @@ def check_greedy(run: LevelRun, reference: dict[str, list[int]], encoded: dict[s
     return found
 
 
-def _verify_counters(redis_url: str | None) -> dict[str, dict]:
-    """Cumulative step counters of every live verify worker (from their heartbeats)."""
+def _verify_counters(redis_url: str | None, *, sent_after: float = 0.0, wait_s: float = 5.0) -> dict[str, dict]:
+    """Cumulative step counters of every live verify worker, from heartbeats sent after `sent_after` (wall
+    clock): a heartbeat is up to an interval old, so reading right after a short level would miss it."""
     if not redis_url:
         return {}
     from services.redis_client import connect, read_heartbeats
 
-    return {beat.worker_id: dict(beat.step_counters) for beat in read_heartbeats(connect(redis_url))
-            if beat.role == "verify" and beat.step_counters}
+    client = connect(redis_url)
+    deadline = time.monotonic() + wait_s
+    while True:
+        beats = [beat for beat in read_heartbeats(client) if beat.role == "verify" and beat.step_counters]
+        if all(beat.sent_at > sent_after for beat in beats) or time.monotonic() > deadline:
+            return {beat.worker_id: dict(beat.step_counters) for beat in beats}
+        time.sleep(0.1)
 
 
 def step_figures(before: dict[str, dict], after: dict[str, dict]) -> dict:
@@ -250,11 +257,11 @@ def _run_mode(mode: str, config: ConcurrencyConfig, urls: dict, target: LoadedMo
         notes = check_greedy(run, reference, encoded, target)
         run.extra["greedy_mismatches_noted"] = len(notes)  # transformers' padding: not ours to fail on
         return run, []
-    counters = _verify_counters(config.redis_url) if mode != "baseline" else {}
+    counters = _verify_counters(config.redis_url, sent_after=time.time()) if mode != "baseline" else {}
     run = run_level(urls[mode], config.model, batch, concurrency, max_tokens=config.max_tokens,
                     api_key=config.api_key, route="ar" if mode == "stack-ar" else None, mode=mode)
     if mode != "baseline":
-        run.extra.update(step_figures(counters, _verify_counters(config.redis_url)))
+        run.extra.update(step_figures(counters, _verify_counters(config.redis_url, sent_after=time.time())))
     return run, check_greedy(run, reference, encoded, target)
 
 
