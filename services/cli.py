@@ -205,7 +205,6 @@ def bench(
     from services.bench.prompts import load_prompts, select_prompts
     from services.bench.run import BenchConfig, parse_modes, run_bench
     from services.config import get_settings
-    from services.models.loading import load_model
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
@@ -234,14 +233,7 @@ def bench(
         )
     except ValueError as exc:
         _fail(str(exc))
-    if not config.prompts:
-        _fail("no prompts selected")
-    _setup(threads or settings.num_threads, False)
-    try:
-        target_model = load_model(target or settings.target, precision=settings.target_precision,
-                                  device=settings.device)
-    except MirrorSDError as exc:
-        _fail(str(exc))
+    target_model = _bench_target(config.prompts, target, threads, settings)
     try:
         outcome = run_bench(config, settings, target_model, Path(out))
     except (ValueError, MirrorSDError) as exc:
@@ -254,6 +246,19 @@ def bench(
         typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
     if outcome.mismatches:
         raise typer.Exit(code=1)
+
+
+def _bench_target(prompts: list, target: str | None, threads: int | None, settings):
+    """The bench's common start: some prompts chosen, threads set, the target loaded (errors exit 2)."""
+    from services.models.loading import load_model
+
+    if not prompts:
+        _fail("no prompts selected")
+    _setup(threads or settings.num_threads, False)
+    try:
+        return load_model(target or settings.target, precision=settings.target_precision, device=settings.device)
+    except MirrorSDError as exc:
+        _fail(str(exc))
 
 
 def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: int | None, per_group: int | None,
@@ -270,7 +275,6 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
     )
     from services.bench.prompts import load_prompts, select_prompts
     from services.config import get_settings
-    from services.models.loading import load_model
 
     settings = get_settings()
     try:
@@ -286,12 +290,8 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
                                    repeat=repeat)
     except ValueError as exc:
         _fail(str(exc))
-    if not config.prompts:
-        _fail("no prompts selected")
-    _setup(threads or settings.num_threads, False)
+    target_model = _bench_target(config.prompts, target, threads, settings)
     try:
-        target_model = load_model(target or settings.target, precision=settings.target_precision,
-                                  device=settings.device)
         rows, mismatches, files = run_concurrency_bench(config, target_model, Path(out),
                                                         progress=lambda line: typer.echo(line, err=True))
     except (ValueError, RuntimeError, MirrorSDError) as exc:
