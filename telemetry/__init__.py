@@ -1,1 +1,1 @@
-"""telemetry: see README and ../shared/DESIGN.md; filled in by the distributed-suite issue."""
+"""telemetry: probes, fallback rules and the routing-table service (see docs/design.md)."""
