@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from services.bench.prompts import DEV_PROMPTS_PATH
 from services.errors import MirrorSDError
 
 logger = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ def generate(
 
 @app.command()
 def bench(
-    prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON")] = "../shared/data/dev_prompts.jsonl",
+    prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON (default: the repository's "
+                                         "data/dev_prompts.jsonl)")] = str(DEV_PROMPTS_PATH),
     modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack; with --concurrency: stack, stack-ar, baseline, hf-batch")] = BENCH_DEFAULT_MODES,
     target: Annotated[str | None, typer.Option()] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = None,

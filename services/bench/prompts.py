@@ -9,6 +9,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+# The repository's dev set (data/dev_prompts.jsonl, see data/README.md), found from this file rather than the
+# current directory, so `mirror-sd bench` works from anywhere in a source checkout or an editable install.
+DEV_PROMPTS_PATH = Path(__file__).resolve().parents[2] / "data" / "dev_prompts.jsonl"
+
 
 @dataclass(frozen=True)
 class BenchPrompt:
