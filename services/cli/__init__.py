@@ -1,0 +1,47 @@
+"""`mirror-sd`: the command line for the whole suite, one module per service or concern.
+
+Importing this package builds the command tree and nothing more: each command
+imports what it runs (torch, a model, an app such as gateway/ or
+verify_worker/) inside its own function, so `mirror-sd --help` stays quick
+and the core never depends on the apps. Errors from bad input print one line
+naming the bad value and exit 2 (`services/cli/common.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from services.cli import (
+    bench,
+    distill,
+    draft_worker,
+    gateway,
+    generate,
+    keys,
+    models,
+    status,
+    telemetry,
+    up,
+    verify_worker,
+)
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(help="Mirror-SD: distributed speculative decoding.", no_args_is_help=True, add_completion=False)
+app.add_typer(models.app, name="models")
+app.add_typer(telemetry.app, name="telemetry")
+app.add_typer(keys.app, name="keys")
+app.command()(generate.generate)
+app.command()(bench.bench)
+app.command()(distill.distill)
+app.command("verify-worker")(verify_worker.verify_worker_command)
+app.command("draft-worker")(draft_worker.draft_worker_command)
+app.command()(up.up)
+app.command()(status.status)
+app.command("gateway")(gateway.gateway_command)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

@@ -1,0 +1,152 @@
+"""`mirror-sd bench`: decoding modes side by side on one prompt set, or a running stack under load."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from services.bench.prompts import DEV_PROMPTS_PATH
+from services.cli.common import fail, setup
+from services.errors import MirrorSDError
+
+logger = logging.getLogger(__name__)
+
+BENCH_DEFAULT_MODES = "ar,sd:ngram,sd:int8"
+
+
+def bench(
+    prompts: Annotated[str, typer.Option(help="JSONL (ours or Spec-Bench) or ShareGPT JSON (default: the repository's "
+                                         "data/dev_prompts.jsonl)")] = str(DEV_PROMPTS_PATH),
+    modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack; with --concurrency: stack, stack-ar, baseline, hf-batch")] = BENCH_DEFAULT_MODES,
+    target: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
+    categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
+    repeat: Annotated[int, typer.Option(min=1)] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run")] = 1,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 0,
+    seed: Annotated[int | None, typer.Option()] = 0,
+    threads: Annotated[int | None, typer.Option()] = None,
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="wrap prompts in the target's chat template")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    block_policy: Annotated[str | None, typer.Option("--block-policy", help="acceptance or cost (default: settings)")] = None,
+    out: Annotated[str, typer.Option(help="folder for results.json, results.md, the PNG plots and the runs journal")] = "bench-results",
+    resume: Annotated[bool | None, typer.Option("--resume/--fresh", help="continue the runs journalled in --out by an interrupted run with the same settings, or start over (default: refuse to replace a journal that holds runs)")] = None,
+    report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: report the prompts the journal in --out holds in every mode")] = False,
+    url: Annotated[str, typer.Option(help="gateway for the stack mode")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", help="the stack's Redis, for transport and drafting figures (default: settings)")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="throughput under load: comma list of requests in flight, e.g. 1,4,8,16,32; modes stack, stack-ar, baseline, hf-batch")] = None,
+    baseline_url: Annotated[str | None, typer.Option("--baseline-url", help="another gateway for the baseline mode")] = None,
+    requests: Annotated[int | None, typer.Option(min=1, help="requests per concurrency level (default: max(prompts, level))")] = None,
+    max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
+) -> None:
+    """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
+
+    With --concurrency: throughput and latency of a running stack at each number of requests in flight,
+    against its own plain route and transformers' static batching (hf-batch)."""
+    from pathlib import Path
+
+    from services.bench.prompts import load_prompts, select_prompts
+    from services.bench.run import BenchConfig, parse_modes, run_bench
+    from services.config import get_settings
+    from services.speculative.sampling import SamplingParams
+
+    settings = get_settings()
+    if concurrency is not None:
+        _bench_concurrency(prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
+                           target=target, limit=limit, per_group=per_group, categories=categories,
+                           max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests,
+                           max_new_tokens=max_new_tokens, threads=threads, chat=chat, out=out, url=url,
+                           baseline_url=baseline_url, api_key=api_key, redis_url=redis_url, repeat=repeat)
+        return
+    if block_policy is not None:
+        if block_policy not in ("acceptance", "cost"):
+            fail(f"--block-policy must be acceptance or cost, got {block_policy!r}")
+        settings = settings.model_copy(update={"speculative": settings.speculative.model_copy(
+            update={"block_policy": block_policy})})
+    try:
+        config = BenchConfig(
+            modes=parse_modes(modes),
+            prompts=select_prompts(load_prompts(Path(prompts)), limit=limit, per_group=per_group,
+                                   categories=categories.split(",") if categories else None),
+            sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
+            max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key, redis_url=redis_url,
+            chat=chat, progress=progress, resume=resume, report_only=report_only,
+            meta={"prompts": prompts, "threads": threads or settings.num_threads,
+                  "block_policy": settings.speculative.block_policy},
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    target_model = _bench_target(config.prompts, target, threads, settings)
+    try:
+        outcome = run_bench(config, settings, target_model, Path(out))
+    except (ValueError, MirrorSDError) as exc:
+        fail(str(exc))
+    typer.echo(outcome.table)
+    typer.echo("wrote " + ", ".join(str(path) for path in outcome.files))
+    for mode, ids in outcome.peer_mismatches.items():
+        typer.echo(f"note: transformers' {mode} differs from ar on {', '.join(ids)}", err=True)
+    for mode, ids in outcome.mismatches.items():
+        typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
+    if outcome.mismatches:
+        raise typer.Exit(code=1)
+
+
+def _bench_target(prompts: list, target: str | None, threads: int | None, settings):
+    """The bench's common start: some prompts chosen, threads set, the target loaded (errors exit 2)."""
+    from services.models.loading import load_model
+
+    if not prompts:
+        fail("no prompts selected")
+    setup(threads or settings.num_threads, False)
+    try:
+        return load_model(target or settings.target, precision=settings.target_precision, device=settings.device)
+    except MirrorSDError as exc:
+        fail(str(exc))
+
+
+def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: int | None, per_group: int | None,
+                       categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
+                       max_new_tokens: int, threads: int | None, chat: bool, out: str, url: str,
+                       baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int) -> None:
+    from pathlib import Path
+
+    from services.bench.concurrency import (
+        ConcurrencyConfig,
+        parse_concurrency_modes,
+        parse_levels,
+        run_concurrency_bench,
+    )
+    from services.bench.prompts import load_prompts, select_prompts
+    from services.config import get_settings
+
+    settings = get_settings()
+    try:
+        chosen = load_prompts(Path(prompts))
+        if max_prompt_chars is not None:
+            chosen = [prompt for prompt in chosen if len(prompt.prompt) <= max_prompt_chars]
+        chosen = select_prompts(chosen, limit=limit, per_group=per_group,
+                                categories=categories.split(",") if categories else None)
+        config = ConcurrencyConfig(levels=parse_levels(levels), modes=parse_concurrency_modes(modes, baseline_url),
+                                   prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,
+                                   baseline_url=baseline_url, api_key=api_key,
+                                   redis_url=redis_url or settings.redis_url, chat=chat, requests=requests,
+                                   repeat=repeat)
+    except ValueError as exc:
+        fail(str(exc))
+    target_model = _bench_target(config.prompts, target, threads, settings)
+    try:
+        rows, mismatches, files = run_concurrency_bench(config, target_model, Path(out),
+                                                        progress=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError, MirrorSDError) as exc:
+        fail(str(exc))
+    typer.echo(Path(files[1]).read_text())
+    typer.echo("wrote " + ", ".join(str(path) for path in files))
+    if any(mismatch.fatal for mismatch in mismatches):
+        raise typer.Exit(code=1)

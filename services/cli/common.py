@@ -1,0 +1,39 @@
+"""What every `mirror-sd` command shares: one-line errors that exit 2, process set-up, flags as settings."""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import typer
+
+logger = logging.getLogger(__name__)
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input: one line naming the bad value, exit code 2 (no traceback for a user's typo)."""
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def setup(num_threads: int | None, verbose: bool) -> None:
+    """Logging and torch threads for a command that runs models (torch is imported only here, on demand)."""
+    import torch
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+
+
+def apply_env(**values: object) -> None:
+    """CLI flags become MIRROR_SD_* variables, so child processes and get_settings() agree."""
+    import os
+
+    for name, value in values.items():
+        if value is not None:
+            os.environ[f"MIRROR_SD_{name.upper()}"] = str(value)

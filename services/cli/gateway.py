@@ -1,0 +1,33 @@
+"""`mirror-sd gateway`: the HTTP API under uvicorn (gateway/ is imported by uvicorn, only when it runs)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from services.cli.common import apply_env, fail
+
+logger = logging.getLogger(__name__)
+
+
+def gateway_command(
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    auth_disabled: Annotated[bool | None, typer.Option("--auth-disabled/--auth", help="development only")] = None,
+) -> None:
+    """Run the OpenAI-compatible HTTP gateway."""
+    apply_env(gateway__host=host, gateway__port=port,
+               gateway__auth_disabled=None if auth_disabled is None else str(auth_disabled).lower())
+    import uvicorn
+
+    from services.config import get_settings
+
+    try:
+        settings = get_settings()
+    except ValueError as exc:
+        fail(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    uvicorn.run("gateway.app:create_app", factory=True, host=settings.gateway.host, port=settings.gateway.port,
+                log_level="info")

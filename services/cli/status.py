@@ -1,0 +1,43 @@
+"""`mirror-sd status`: what the heartbeats and the routing table say right now."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+logger = logging.getLogger(__name__)
+
+
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Workers, pools, temperatures, utilization, acceptance and routing weights."""
+    import json as json_lib
+    import time
+
+    from services.config import get_settings
+    from services.redis_client import connect
+    from services.redis_client import read_heartbeats
+    from telemetry.service import read_routing_table
+
+    client = connect(get_settings().redis_url)
+    beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
+    table = read_routing_table(client)
+    if as_json:
+        typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
+                                   "routing": table.to_dict() if table else None}))
+        return
+    typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':6} {'temp':>6} {'util':>5} {'accept':>6} "
+               f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
+    for b in beats:
+        temp = f"{b.temperature_c:.0f}C" if b.temperature_c is not None else "-"
+        accept = f"{b.acceptance_rate:.2f}" if b.acceptance_rate is not None else "-"
+        p99 = f"{b.latency_p99_ms:.0f}" if b.latency_p99_ms is not None else "-"
+        typer.echo(f"{b.worker_id:32} {b.role:7} {b.pool:6} {b.device_kind:6} {temp:>6} {b.utilization:5.2f} "
+                   f"{accept:>6} {p99:>7} {b.num_sessions:8d} {time.time() - b.sent_at:4.1f}s")
+    if table is None:
+        typer.echo("routing: no table yet (is `mirror-sd telemetry run` up?)")
+    else:
+        weights = ", ".join(f"{pool} {weight:.2f}" for pool, weight in table.pool_weights.items())
+        typer.echo(f"routing v{table.version}: {weights}; ar {table.ar_pools or '-'}; degraded "
+                   f"{table.degraded_pools or '-'}; hot {table.hot_workers or '-'}; alerts {table.alerts or '-'}")

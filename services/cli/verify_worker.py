@@ -1,0 +1,33 @@
+"""`mirror-sd verify-worker`: the target model's process (verify_worker/ is imported only when it runs)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from services.cli.common import apply_env, fail, setup
+from services.errors import MirrorSDError
+
+logger = logging.getLogger(__name__)
+
+
+def verify_worker_command(
+    pool: Annotated[str | None, typer.Option(help="pool to serve (default settings.worker.pool)")] = None,
+    worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
+    threads: Annotated[int | None, typer.Option()] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a verify worker: the target model, verifying blocks from its pool and its own queue."""
+    apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads)
+    from services.config import get_settings
+    from verify_worker.main import run_verify_worker
+
+    settings = get_settings()
+    setup(settings.num_threads, verbose)
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        run_verify_worker(settings)
+    except MirrorSDError as exc:
+        fail(str(exc))

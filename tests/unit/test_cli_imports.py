@@ -1,0 +1,60 @@
+"""The CLI builds its whole command tree without importing any app: each command imports what it runs.
+
+So the core does not depend on the apps, and `mirror-sd --help` (or a command's bad flag) answers
+without loading FastAPI, Celery workers or a model. Checked in a fresh interpreter, where nothing
+else has imported them first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+APPS = ("gateway", "draft_worker", "verify_worker", "telemetry")
+
+PROBE = """
+import json, sys
+from typer.main import get_command
+import services.cli
+tree = get_command(services.cli.app)
+names = sorted(tree.commands) + sorted(f"{group} {name}" for group, command in tree.commands.items()
+                                       for name in getattr(command, "commands", {}))
+loaded = sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[1:]))
+print(json.dumps({"loaded": loaded, "commands": names}))
+"""
+
+
+def _python(*args: str) -> str:
+    """Run this interpreter on this checkout's code (not whatever an installed copy points at); its stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _probe() -> dict:
+    return json.loads(_python("-c", PROBE, *APPS, "torch"))
+
+
+def test_importing_the_cli_imports_no_app():
+    probe = _probe()
+    assert not set(probe["loaded"]) & set(APPS), probe["loaded"]
+    assert "torch" not in probe["loaded"]  # model commands import torch themselves, when they run
+
+
+def test_every_command_is_still_there():
+    expected = {"generate", "bench", "distill", "verify-worker", "draft-worker", "up", "status", "gateway",
+                "models", "telemetry", "keys", "models list", "models prepare", "models profile",
+                "models step-profile", "telemetry run", "telemetry inject", "telemetry drill",
+                "keys create", "keys list", "keys revoke"}
+    assert set(_probe()["commands"]) == expected
+
+
+def test_python_dash_m_runs_the_cli():  # `mirror-sd up` starts its children this way
+    usage = _python("-m", "services.cli", "--help")
+    assert "verify-worker" in usage and "telemetry" in usage
