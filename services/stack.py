@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from services.models.drafters.factory import needs_target_weights
+from services.models.drafters.factory import is_model_draft, resolve_draft_spec
 from services.redis_client import is_reachable
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,10 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     cores = len(usable)
     child_env = {**os.environ, **(env or {}), "MIRROR_SD_REDIS_URL": redis_url}
     # A model draft needs a core of its own; prompt lookup barely uses one.
-    verify_threads = max(1, cores - 1) if needs_target_weights(draft) or pin else cores
+    from services.config import get_settings
+
+    model_draft = is_model_draft(resolve_draft_spec(draft, get_settings().target))
+    verify_threads = max(1, cores - 1) if model_draft or pin else cores
     commands = child_commands(port=port, verify_threads=verify_threads, draft_threads=1)
     pins = pinned_cores(list(commands), usable) if pin else {}
     children: dict[str, subprocess.Popen] = {}

@@ -120,6 +120,39 @@ def load_model(
     return LoadedModel(name, model, tokenizer, precision, device, layout)
 
 
+@dataclass(frozen=True)
+class TargetVocab:
+    """What a draft must agree with: the target's token ids (its tokenizer) and logits width."""
+
+    name: str
+    tokenizer: object | None
+    vocab_size: int
+
+    @classmethod
+    def of(cls, loaded: LoadedModel) -> "TargetVocab":
+        return cls(loaded.name, loaded.tokenizer, loaded.vocab_size)
+
+
+def load_target_vocab(spec: str, *, cache_dir: Path | None = None) -> TargetVocab:
+    """The target's tokenizer and vocabulary size without its weights (a draft worker that drafts with
+    llama.cpp never runs the target)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from services.config import get_settings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    name, source = resolve_model_dir(spec, cache_dir or get_settings().cache_dir)
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"model {spec!r} not found (Mirror-SD never downloads at run time)") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return TargetVocab(name, tokenizer, int(config.vocab_size))
+
+
 def _vocab(loaded: LoadedModel) -> dict[str, int] | None:
     return loaded.tokenizer.get_vocab() if loaded.tokenizer is not None else None
 

@@ -1,9 +1,9 @@
 """Model drafts of many sessions stepped together: one packed forward of the draft model per draft position.
 
 A draft worker holds one draft model and many sessions. `EngineDrafter` is a
-session's view of a shared `DraftEngine` (the packed forward of
-services/models/decoder.py over the draft model, each session a sequence in
-its KV store). `propose_many` drafts a block for every session that needs
+session's view of a shared `DraftEngine`: the draft model on an engine (the
+packed torch forward of services/models/decoder.py, or llama.cpp for GGUF
+drafts), each session a sequence in the engine's KV store. `propose_many` drafts a block for every session that needs
 one in the same forwards: the rows first catch each sequence up with its
 committed context (a crop keeps the agreed prefix, nothing is recomputed),
 then one token per row per step. Each call draws from its own generator
@@ -40,22 +40,31 @@ class DraftCall:
 
 
 class DraftEngine:
-    """One draft model shared by every session of a process."""
+    """One draft model shared by every session of a process, on an engine that offers new sequences and a
+    forward over ragged rows: torch (TorchEngine) or llama.cpp (services/models/llamacpp.py)."""
 
-    def __init__(self, loaded: LoadedModel, *, chunk_size: int = 512) -> None:
-        self.loaded = loaded
-        self.engine = TorchEngine(loaded)
+    def __init__(self, engine, *, name: str, max_context: int, chunk_size: int = 512) -> None:
+        self.engine = engine
+        self.name = name
+        self.max_context = max_context
         self.chunk_size = chunk_size
 
+    @classmethod
+    def on_torch(cls, loaded: LoadedModel, *, chunk_size: int = 512) -> "DraftEngine":
+        return cls(TorchEngine(loaded), name=loaded.name, max_context=loaded.max_context, chunk_size=chunk_size)
+
     def new_drafter(self, name: str | None = None) -> "EngineDrafter":
-        return EngineDrafter(self, name or self.loaded.name)
+        return EngineDrafter(self, name or self.name)
 
     def _sync(self, calls: list[DraftCall]) -> list[torch.Tensor]:
-        """Bring each call's sequence to its context (the agreed prefix kept); next-token logits [vocab] each."""
+        """Bring each call's sequence to its context (the agreed prefix kept); next-token logits [vocab] each.
+        A sequence may hold fewer tokens than its drafter last fed it (an engine with a fixed number of
+        slots lends a slot to another session): only what it still holds is kept."""
         pending = []
         for call in calls:
             drafter = call.drafter
-            keep = min(common_prefix_length(drafter.cached_ids, call.context_ids), len(call.context_ids) - 1)
+            keep = min(common_prefix_length(drafter.cached_ids, call.context_ids), len(call.context_ids) - 1,
+                       drafter.sequence.length)
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
             pending.append(list(call.context_ids[keep:]))
@@ -78,7 +87,7 @@ class DraftEngine:
     def propose_many(self, calls: list[DraftCall]) -> list[DraftProposal]:
         """Every call's block, the calls stepped together (at most max(num_draft_tokens) forwards after the
         catch-up one)."""
-        wanted = [max(0, min(call.num_draft_tokens, self.loaded.max_context - len(call.context_ids)))
+        wanted = [max(0, min(call.num_draft_tokens, self.max_context - len(call.context_ids)))
                   for call in calls]
         active = [index for index, count in enumerate(wanted) if count > 0]
         tokens: list[list[int]] = [[] for _ in calls]

@@ -4,8 +4,10 @@ Specs: `ngram` (prompt lookup, no model); `int8`, `bf16`, `fp16` (a
 reduced-precision copy of the target, the self-draft; `self:fp32` for an
 exact copy); `default` (the shipped distilled draft in
 services/models/default_draft; any `mirror-sd distill` folder works the
-same way); `hybrid` / `hybrid:<model draft>` (prompt lookup when the context
-has a match, else the model draft, `default` unless named); `none`
+same way); `gguf:PATH` / `gguf:<built-in alias>` (a GGUF file drafting on
+llama.cpp, drafters/gguf.py); `hybrid` / `hybrid:<model draft>` (prompt
+lookup when the context has a match, else the model draft, `default`
+unless named); `auto` (the settings' default: see resolve_draft_spec); `none`
 (target-only); `synthetic:<a>` (benchmarks only: the target's greedy token
 with probability a, from reference runs); anything else is a model spec for
 `load_model` (built-in alias, directory, GGUF file, cached HF id) that must
@@ -18,10 +20,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import SpeculativeSettings
+from services.config import LlamaCppSettings, SpeculativeSettings
+from services.models.builtin import BUILTIN_MODELS
 from services.models.decoder import UnsupportedModelError
 from services.models.drafters.base import Drafter
 from services.models.drafters.batched import DraftEngine
+from services.models.drafters.gguf import GGUF_PREFIX, is_gguf_spec, load_gguf_engine
 from services.models.drafters.model import ModelDrafter
 from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
@@ -31,7 +35,8 @@ from services.models.drafters.synthetic import (
     SyntheticDrafter,
     parse_synthetic_acceptance,
 )
-from services.models.loading import LoadedModel, check_same_tokenizer, load_model
+from services.models.llamacpp import LLAMA_CPP_PACKAGE, llama_cpp_available
+from services.models.loading import LoadedModel, TargetVocab, check_same_tokenizer, load_model
 from services.models.precision import PRECISIONS
 from services.models.trimmed_draft import DEFAULT_DRAFT_DIR, is_trimmed_draft_dir, load_trimmed_draft
 
@@ -40,9 +45,41 @@ logger = logging.getLogger(__name__)
 SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
 
 
+AUTO = "auto"
+
+
+def resolve_draft_spec(spec: str, target: str) -> str:
+    """`auto` (target: an alias or a model's name): for a built-in target, its own GGUF on llama.cpp with prompt lookup first (hybrid), when
+    llama-cpp-python is installed; otherwise prompt lookup alone, saying what to install. Other specs as given."""
+    if spec != AUTO:
+        return spec
+    alias = next((b.alias for b in BUILTIN_MODELS.values() if target in (b.alias, b.display_name)), None)
+    if alias is None:
+        return "ngram"
+    if not llama_cpp_available():
+        logger.warning("draft auto: llama-cpp-python is not installed, drafting with prompt lookup (ngram); "
+                       "pip install %s for the llama.cpp draft", LLAMA_CPP_PACKAGE)
+        return "ngram"
+    return f"hybrid:{GGUF_PREFIX}{alias}"
+
+
+def _model_half(spec: str) -> str:
+    return spec.split(":", 1)[1] if spec.startswith("hybrid:") else ("default" if spec == "hybrid" else spec)
+
+
 def needs_target_weights(spec: str) -> bool:
-    """Whether building this draft needs the target loaded (self-drafts, tokenizer checks)."""
-    return spec not in ("none", "ngram") and not spec.startswith(SYNTHETIC_PREFIX)
+    """Whether building this draft needs the target loaded (self-drafts, torch drafts' tokenizer checks); a
+    GGUF draft needs only the target's vocabulary (needs_target_vocab)."""
+    return needs_target_vocab(spec) and not is_gguf_spec(_model_half(spec))
+
+
+def needs_target_vocab(spec: str) -> bool:
+    return spec not in ("none", "ngram", AUTO) and not spec.startswith(SYNTHETIC_PREFIX)
+
+
+def is_model_draft(spec: str) -> bool:
+    """A draft that runs a model (it wants a core of its own), not prompt lookup or a replay."""
+    return needs_target_vocab(spec)
 
 
 @dataclass
@@ -56,8 +93,8 @@ class DraftSource:
     chunk_size: int = 512
     references: ReferenceBook | None = None  # synthetic drafts only
     vocab_size: int = 0
-    hybrid: bool = False  # prompt lookup first, `model` when it finds nothing
-    _engine: DraftEngine | None = field(default=None, init=False, repr=False)
+    hybrid: bool = False  # prompt lookup first, the model draft when it finds nothing
+    engine: DraftEngine | None = None  # a draft engine given whole (llama.cpp); else built from `model`
     _engine_checked: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -67,7 +104,7 @@ class DraftSource:
     def _model_drafter(self) -> Drafter:
         """A session's model drafter: on the draft engine every session of the process shares (drafts of
         many sessions step together), or, for a model the packed forward cannot walk, a cache of its own."""
-        if not self._engine_checked:
+        if self.engine is None and not self._engine_checked:
             self._engine_checked = True
             if self.model.precision == "int8":
                 # dynamic int8 quantises activations per tensor, so the engine would run it row by row
@@ -75,11 +112,11 @@ class DraftSource:
                 logger.info("draft %s (int8) drafts session by session", self.spec)
             else:
                 try:
-                    self._engine = DraftEngine(self.model, chunk_size=self.chunk_size)
+                    self.engine = DraftEngine.on_torch(self.model, chunk_size=self.chunk_size)
                 except UnsupportedModelError as exc:
                     logger.info("draft %s drafts session by session: %s", self.spec, exc)
-        if self._engine is not None:
-            return self._engine.new_drafter(self.spec)
+        if self.engine is not None:
+            return self.engine.new_drafter(self.spec)
         return ModelDrafter(self.model, chunk_size=self.chunk_size, name=self.spec)
 
     def new_drafter(self) -> Drafter | None:
@@ -89,7 +126,7 @@ class DraftSource:
             return SyntheticDrafter(parse_synthetic_acceptance(self.spec), self.references,
                                     vocab_size=self.vocab_size)
         lookup = NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
-        if self.model is None:
+        if self.model is None and self.engine is None:
             return lookup
         model = self._model_drafter()
         return HybridDrafter(lookup, model, name=self.spec) if self.hybrid else model
@@ -97,22 +134,34 @@ class DraftSource:
 
 def load_draft_source(
     spec: str,
-    target: LoadedModel,
+    target: LoadedModel | TargetVocab,
     *,
     speculative: SpeculativeSettings | None = None,
     precision: str = "fp32",
     chunk_size: int = 512,
+    llamacpp: LlamaCppSettings | None = None,
+    num_threads: int | None = None,
 ) -> DraftSource:
+    """target: the loaded target, or for a GGUF draft just its vocabulary (TargetVocab); num_threads: the
+    process's thread count (llama.cpp's default)."""
     speculative = speculative or SpeculativeSettings()
     common = {"ngram_max": speculative.ngram_max, "ngram_min": speculative.ngram_min, "chunk_size": chunk_size}
+    spec = resolve_draft_spec(spec, target.name)
     if spec in ("none", "ngram"):
         return DraftSource(spec, None, **common)
     if spec == "hybrid" or spec.startswith("hybrid:"):
-        inner = spec.split(":", 1)[1] if ":" in spec else "default"
-        if inner in ("none", "ngram", "hybrid") or inner.startswith(("hybrid:", SYNTHETIC_PREFIX)):
+        inner = _model_half(spec)
+        if inner in ("none", "ngram", "hybrid", AUTO) or inner.startswith(("hybrid:", SYNTHETIC_PREFIX)):
             raise ValueError(f"draft {spec!r}: the hybrid's second half must be a model draft, not {inner!r}")
-        model = load_draft_source(inner, target, speculative=speculative, precision=precision, chunk_size=chunk_size)
-        return DraftSource(spec, model.model, hybrid=True, **common)
+        model = load_draft_source(inner, target, speculative=speculative, precision=precision,
+                                  chunk_size=chunk_size, llamacpp=llamacpp, num_threads=num_threads)
+        return DraftSource(spec, model.model, hybrid=True, engine=model.engine, **common)
+    if is_gguf_spec(spec):
+        vocab = target if isinstance(target, TargetVocab) else TargetVocab.of(target)
+        engine = load_gguf_engine(spec, vocab, llamacpp, num_threads=num_threads, chunk_size=chunk_size)
+        return DraftSource(spec, None, engine=engine, vocab_size=vocab.vocab_size, **common)
+    if isinstance(target, TargetVocab):
+        raise ValueError(f"draft {spec!r} needs the target's weights loaded, not only its vocabulary")
     if spec.startswith(SYNTHETIC_PREFIX):
         parse_synthetic_acceptance(spec)
         return DraftSource(spec, None, references=ReferenceBook(), vocab_size=target.vocab_size, **common)

@@ -1,0 +1,90 @@
+"""GGUF drafts on llama.cpp: `--draft gguf:PATH`, or `gguf:<built-in alias>` for a built-in model's own GGUF.
+
+The draft is a DraftEngine (drafters/batched.py) on a LlamaCppEngine
+(services/models/llamacpp.py): every session of a draft worker process is a
+sequence of one llama.cpp context, the drafts of all sessions answered in a
+turn go into one llama_decode per draft position, and each session's KV is
+trimmed to the agreed prefix after a verdict. Proposals carry their
+probabilities under the request's own warp (temperature, top-k, top-p;
+drafters/batched.py applies it to llama.cpp's logits), so rejection
+sampling stays exact.
+
+The draft must speak the target's token ids: its vocabulary is compared
+token by token with the target's tokenizer, and a mismatch is refused
+naming both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from services.config import LlamaCppSettings
+from services.errors import ModelNotFoundError, TokenizerMismatchError
+from services.models.builtin import BUILTIN_MODELS, package_dir
+from services.models.drafters.batched import DraftEngine
+from services.models.llamacpp import GgufModel, LlamaCppEngine
+from services.models.loading import TargetVocab
+
+logger = logging.getLogger(__name__)
+
+GGUF_PREFIX = "gguf:"
+
+
+def is_gguf_spec(spec: str) -> bool:
+    return spec.startswith(GGUF_PREFIX)
+
+
+def gguf_path(spec: str) -> Path:
+    """The file a `gguf:` spec names: a built-in alias's own GGUF, else a path."""
+    name = spec.removeprefix(GGUF_PREFIX)
+    if name in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[name]
+        return package_dir(builtin) / builtin.gguf_file
+    path = Path(name).expanduser()
+    if not name or not path.is_file():
+        known = ", ".join(f"gguf:{alias}" for alias in sorted(BUILTIN_MODELS))
+        raise ModelNotFoundError(f"draft {spec!r}: no GGUF file at {name!r} (give a path, or one of {known})")
+    return path
+
+
+def check_gguf_vocab(model: GgufModel, target: TargetVocab, spec: str) -> None:
+    """Refuse a GGUF whose token ids are not the target's: same count, same text for every id."""
+    if model.vocab_size != target.vocab_size:
+        raise TokenizerMismatchError(
+            f"draft {spec!r} (vocab size {model.vocab_size}) does not share the tokenizer of target "
+            f"{target.name!r} (vocab size {target.vocab_size}); speculative decoding needs the same token ids")
+    if target.tokenizer is None:
+        return
+    by_id = {index: text for text, index in target.tokenizer.get_vocab().items()}
+    for index, text in enumerate(model.token_texts()):
+        if index in by_id and by_id[index] != text:
+            raise TokenizerMismatchError(
+                f"draft {spec!r} does not share the tokenizer of target {target.name!r}: token {index} is "
+                f"{text!r} in the draft and {by_id[index]!r} in the target")
+
+
+def default_threads(settings: LlamaCppSettings, num_threads: int | None) -> int:
+    """llama.cpp threads: its own setting, else the process's thread count, else the cores it may run on
+    (a pinned draft worker gets its own cores)."""
+    if settings.threads:
+        return settings.threads
+    if num_threads:
+        return num_threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load_gguf_engine(spec: str, target: TargetVocab, settings: LlamaCppSettings | None = None, *,
+                     num_threads: int | None = None, chunk_size: int = 512) -> DraftEngine:
+    settings = settings or LlamaCppSettings()
+    path = gguf_path(spec)
+    model = GgufModel(path)
+    check_gguf_vocab(model, target, spec)
+    threads = default_threads(settings, num_threads)
+    engine = LlamaCppEngine(model, num_sequences=settings.num_sequences, context_tokens=settings.context_tokens,
+                            threads=threads, batch_tokens=settings.batch_tokens)
+    logger.info("draft %s: llama.cpp, %s, %d threads, %d sessions x %d tokens of KV", spec, path.name, threads,
+                settings.num_sequences, engine.context_tokens)
+    return DraftEngine(engine, name=spec, max_context=min(engine.context_tokens, model.train_context),
+                       chunk_size=min(chunk_size, settings.batch_tokens))
