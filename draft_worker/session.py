@@ -105,6 +105,12 @@ class DraftSession:
         self.sticky_worker: str | None = None
         self.reply_to = reply_to
         self.pipelined = pipelined and self.drafter is not None
+        # The first block: target-only while the draft prefills its KV, speculating the block after it
+        # (a long prompt's draft prefill would otherwise come before the target's, on the critical path).
+        threshold = speculative.plain_opening_tokens
+        self._plain_opening = self.pipelined and 0 < threshold <= len(self.committed) and \
+            bool(getattr(drafter, "stepwise", False))
+        self._opening_block: DraftBlock | None = None  # speculated like a block accepted whole
         self.transport_ms: list[float] = []
         self.first_token_at: float | None = None
         self.timing = DraftTiming()
@@ -118,7 +124,7 @@ class DraftSession:
     def _block_length(self, gamma: int | None = None, num_output: int | None = None) -> int:
         """gamma (default: the controller's) within the request's limits: a round emits up to gamma + 1
         tokens, and a degraded pool caps gamma."""
-        if self.drafter is None:
+        if self.drafter is None or self._plain_opening:
             return 0
         gamma = self.controller.num_draft_tokens if gamma is None else gamma
         remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
@@ -160,6 +166,10 @@ class DraftSession:
         length = self._block_length()
         ready_ids, ready_probs = self._ready_ids, self._ready_probs
         self._ready_ids, self._ready_probs = [], None
+        if self._plain_opening:
+            self._plain_opening = False
+            self._opening_block = self._make_block([], None, 1)
+            return self._opening_block
         if length <= 0:
             return self._make_block([], None, self._plain_rounds())
         draft_ids = ready_ids[:length]
@@ -187,8 +197,10 @@ class DraftSession:
         """The speculation of block k+1 while block k is out (assuming k is accepted whole): started on the
         first call, then the same state, which the driver steps together with other sessions'."""
         flight = self.in_flight
-        if not self.pipelined or flight is None or not flight.block.draft_ids:
+        if not self.pipelined or flight is None:
             return None
+        if not flight.block.draft_ids and flight.block is not self._opening_block:
+            return None  # target-only rounds: the next block is drafted from their verdict
         if flight.speculating is None:
             num_sent = len(flight.block.draft_ids)
             next_length = self._block_length(self.controller.after(num_sent, num_sent),

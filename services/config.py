@@ -49,6 +49,10 @@ class SpeculativeSettings(BaseModel):
                                     "policy before a session has drafted")
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(2, ge=1)
+    plain_opening_tokens: int = Field(128, ge=0, description="pipelined model drafts: a session whose prompt "
+                                      "is at least this long opens with one target-only round, and the draft "
+                                      "prefills its KV while the target prefills (TTFT: the longer of the two, "
+                                      "not their sum); 0 = always draft the first block")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "SpeculativeSettings":
@@ -160,7 +164,7 @@ class Settings(BaseSettings):
     target: str = "smollm2-135m"
     target_precision: Precision = "fp32"
     draft: str = Field("auto", description="draft spec (services/models/drafters/factory.py); auto: for the "
-                       "built-in target its own GGUF on llama.cpp, prompt lookup first; else prompt lookup")
+                       "built-in target its own GGUF on llama.cpp; else prompt lookup")
     draft_precision: Precision = "fp32"
     device: str = "cpu"
     cpu_weight_layout: Literal["transposed", "native"] = Field(

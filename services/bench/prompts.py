@@ -69,7 +69,8 @@ def select_prompts(
         for prompt in chosen:
             by_group.setdefault(prompt.group, []).append(prompt)
         chosen = [p for group in sorted(by_group) for p in by_group[group][:per_group]]
-    return chosen[:limit] if limit is not None else chosen
+    # a limit takes the first N of the balanced order (round-robin over categories), not the file's first N
+    return stratified(chosen)[:limit] if limit is not None else chosen
 
 
 def stratified(prompts: list[BenchPrompt]) -> list[BenchPrompt]:

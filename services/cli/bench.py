@@ -13,7 +13,7 @@ from services.errors import MirrorSDError
 
 logger = logging.getLogger(__name__)
 
-BENCH_DEFAULT_MODES = "ar,sd:ngram,sd:int8"
+BENCH_DEFAULT_MODES = "ar,sd:auto,sd:ngram"  # auto: the built-in target's own GGUF on llama.cpp
 
 
 def bench(
@@ -21,7 +21,7 @@ def bench(
                                          "data/dev_prompts.jsonl)")] = str(DEV_PROMPTS_PATH),
     modes: Annotated[str, typer.Option(help="comma list of ar, sd:<draft> (incl. sd:synthetic:<a>), hf-assisted[:<draft>], hf-lookup[:<n>], stack; with --concurrency: stack, stack-ar, baseline, hf-batch")] = BENCH_DEFAULT_MODES,
     target: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="the first N prompts of the order balanced over categories")] = None,
     per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
     categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,

@@ -5,10 +5,14 @@ Rule (DESIGN.md): over the last `window` drafted rounds, acceptance above
 shrinks it by `lower_step` (down to the min). With a cost model (the
 default "cost" policy wherever a profile is known) gamma is instead the
 block length with the most expected tokens per ms at the current load,
-from the measured step-cost grid; gamma 0 means plain decoding pays more. When acceptance over at least
-`fallback_min_rounds` drafted rounds is below `fallback_below`, the session
-decodes with the target alone; after `probe_after_rounds` such rounds it
-drafts again at the minimum gamma with a fresh window (0 disables probing).
+from the measured step-cost grid; gamma 0 means plain decoding pays more.
+The fallback: with a cost model, when after `fallback_min_rounds` drafted
+rounds no block length pays for a lone stream (the measured acceptance,
+the draft's measured cost and the verify curve say the target alone yields
+more tokens per ms), the same rule for every draft; without one, when the
+acceptance is below `fallback_below`. Either way the session decodes with
+the target alone, and after `probe_after_rounds` such rounds it drafts again
+at the minimum gamma with a fresh window (0 disables probing).
 """
 
 from __future__ import annotations
@@ -113,13 +117,15 @@ class BlockLengthController:
         self._window.append((num_draft_tokens, num_accepted))
         acceptance = self.window_acceptance
         enough = len(self._window) >= self.config.fallback_min_rounds
-        if enough and acceptance < self.config.fallback_below:
-            self._enter_fallback(acceptance)
-            return
-        if self.cost is None:
+        if self.cost is None:  # no measured costs: acceptance is all there is to go by
+            if enough and acceptance < self.config.fallback_below:
+                self._enter_fallback(acceptance)
+                return
             self._gamma = next_block_length(self._gamma, acceptance, self.config)
         elif enough and self._best_for_cost(rows=1.0)[0] == 0:
-            # no block length pays even for a lone stream: decode with the target alone for a while
+            # Pay-off, not acceptance: no block length yields more tokens per ms than the target alone, even
+            # for a lone stream, at this acceptance and this draft's measured cost (a well-accepted draft
+            # can still cost more than it saves; a free one pays at low acceptance): target alone for a while.
             self._enter_fallback(acceptance)
 
     def after(self, num_draft_tokens: int, num_accepted: int) -> int:

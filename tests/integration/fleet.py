@@ -39,9 +39,9 @@ class VerifyThread:
 
 
 def draft_runtime(client: redis.Redis, source: DraftSource, *, pipelined: bool = True,
-                  block_policy: str = "acceptance") -> DraftRuntime:
+                  block_policy: str = "acceptance", **speculative) -> DraftRuntime:
     settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30),
-                        speculative=SpeculativeSettings(block_policy=block_policy))
+                        speculative=SpeculativeSettings(block_policy=block_policy, **speculative))
     return DraftRuntime(settings=settings, client=client, draft_source=source,
                         worker_id=f"draft-{uuid.uuid4().hex[:8]}", profile={"draft_ms_per_token": 0.5})
 

@@ -44,8 +44,8 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
 
 
 def test_greedy_sd_with_llama_cpp_drafts_is_target_only(builtin_target, gguf_source, dev_prompts):
-    hybrid = load_draft_source("auto", builtin_target, num_threads=1)
-    assert hybrid.spec == f"hybrid:{SPEC}"
+    hybrid = load_draft_source(f"hybrid:{SPEC}", builtin_target, num_threads=1)
+    assert load_draft_source("auto", builtin_target, num_threads=1).spec == SPEC
     none = load_draft_source("none", builtin_target)
     picked = [p for p in dev_prompts if p["context_chars"] == 0][:2] + \
         sorted((p for p in dev_prompts if p["context_chars"] > 0), key=lambda p: len(p["prompt"]))[:2]
@@ -190,5 +190,6 @@ def test_without_llama_cpp_the_draft_says_what_to_install_and_auto_uses_lookup()
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "ngram", done.stderr
     assert lines[1].startswith("LlamaCppMissingError") and "pip install llama-cpp-python==0.3.36" in lines[1]
-    assert resolve_draft_spec("auto", "smollm2-135m") == "hybrid:gguf:smollm2-135m"
+    assert resolve_draft_spec("auto", "smollm2-135m") == "gguf:smollm2-135m"
+    assert resolve_draft_spec("auto", "SmolLM2-135M-Instruct") == "gguf:smollm2-135m"
     assert resolve_draft_spec("auto", "/some/other/model") == "ngram"

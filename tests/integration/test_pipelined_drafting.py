@@ -40,8 +40,8 @@ def reference_output(target, max_new_tokens: int) -> list[int]:
 
 
 def drive(client, draft_source: DraftSource, *, pipelined: bool, request_id: str, max_new_tokens: int,
-          temperature: float = 0.0, seed: int | None = None, block_policy: str = "acceptance"):
-    runtime = draft_runtime(client, draft_source, pipelined=pipelined, block_policy=block_policy)
+          temperature: float = 0.0, seed: int | None = None, block_policy: str = "acceptance", **speculative):
+    runtime = draft_runtime(client, draft_source, pipelined=pipelined, block_policy=block_policy, **speculative)
     spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True,
                        temperature=temperature, seed=seed)
     submit_spec(client, spec)
@@ -107,3 +107,23 @@ def test_model_draft_cache_survives_a_missed_speculation(target):
     assert speculation is not None and len(speculation.draft_ids) == 3
     committed = [*PROMPT, block[0], (block[1] + 1) % target.vocab_size]  # a rejection at position 2
     assert used.propose(committed, 4, greedy, None).token_ids == fresh.propose(committed, 4, greedy, None).token_ids
+
+
+def test_a_long_prompt_opens_with_a_target_only_round_while_the_draft_prefills(fleet, target):
+    """The draft's prefill overlaps the target's: the first block is the target's own round, the draft
+    speculates the block after it (its bonus-token guess), and the output is target-only decoding's."""
+    from services.redis_client import read_events
+
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    expected = reference_output(target, 30)
+    tokens, summary, _ = drive(fleet, source, pipelined=True, request_id="opening", max_new_tokens=30,
+                               plain_opening_tokens=len(PROMPT))
+    assert tokens == expected
+    events = read_events(fleet, "opening")
+    assert len(events[0].token_ids) == 1 and events[0].stats.num_draft_tokens == 0  # the target's round alone
+    assert summary.timing.speculations > 0 and summary.timing.speculation_hits > 0
+    assert events[1].stats.num_draft_tokens > 0  # then drafted blocks
+    drafted_first, _, _ = drive(fleet, source, pipelined=True, request_id="drafted-opening", max_new_tokens=30,
+                                plain_opening_tokens=len(PROMPT) + 1)  # a prompt shorter than the threshold
+    assert drafted_first == expected
+    assert read_events(fleet, "drafted-opening")[0].stats.num_draft_tokens > 0

@@ -110,3 +110,23 @@ def test_recent_rounds_give_the_prior_and_the_load():
     recent.observe(4, 2, rows=5)
     assert recent.alpha() == pytest.approx(6 / 8)  # 6 accepted, 2 rounds that stopped early
     assert [recent.explore() for _ in range(8)] == [True, False, False, False] * 2
+
+
+def test_the_fallback_goes_by_pay_off_not_acceptance():
+    """The 30% acceptance floor is for drafts without measured costs: under the cost policy a free draft that is
+    rarely right still pays, and a draft that is often right but dear does not."""
+    config = SpeculativeSettings(block_policy="cost", fallback_below=0.3, fallback_min_rounds=3)
+    free = CostModel(UNEVEN.verify_ms, draft_ms_per_token=0.01)
+    cheap_and_wrong = BlockLengthController(config, cost=free)
+    by_acceptance = BlockLengthController(config.model_copy(update={"block_policy": "acceptance"}))
+    for _ in range(6):
+        cheap_and_wrong.update(4, 1)  # acceptance 0.25, below the floor
+        by_acceptance.update(4, 1)
+    assert cheap_and_wrong.window_acceptance == 0.25
+    assert not cheap_and_wrong.fallen_back and cheap_and_wrong.num_draft_tokens > 0  # 5 tokens cost 71 ms, 1 43
+    assert by_acceptance.fallen_back
+    dear = CostModel(UNEVEN.verify_ms, draft_ms_per_token=5 * UNEVEN.verify_cost(1))
+    accepted_but_dear = BlockLengthController(config, cost=dear)
+    for _ in range(3):
+        accepted_but_dear.update(4, 3)  # acceptance 0.75, well above the floor
+    assert accepted_but_dear.fallen_back and accepted_but_dear.num_draft_tokens == 0
