@@ -164,7 +164,8 @@ class SessionDriver(threading.Thread):
         try:
             return propose_many([call])[0]
         except Exception as exc:
-            logger.exception("request %s: drafting failed", handle.session.request_id)
+            logger.exception("request %s: drafting failed", handle.session.request_id,
+                             extra={"request_id": handle.session.request_id})
             self._finish(handle, error=f"drafting failed: {type(exc).__name__}: {exc}")
             return None
 
@@ -194,7 +195,8 @@ class SessionDriver(threading.Thread):
         verdict = message
         self.num_verdicts += 1
         if session is None or session.in_flight is None or verdict.round != session.round:
-            logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round)
+            logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round,
+                         extra={"request_id": verdict.request_id})
             return
         try:
             finished = session.on_verdict(verdict)
@@ -274,7 +276,8 @@ class SessionDriver(threading.Thread):
         session = handle.session
         flight = session.in_flight
         logger.warning("request %s: verify worker %s is gone; resending round %d to pool %s",
-                       session.request_id, flight.worker, session.round, session.spec.pool)
+                       session.request_id, flight.worker, session.round, session.spec.pool,
+                       extra={"request_id": session.request_id})
         session.sticky_worker = None
         flight.worker = None
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
@@ -308,6 +311,8 @@ class SessionDriver(threading.Thread):
         session.release()
         handle.error = error
         handle.summary = session.summary()
+        logger.info("request %s: session ended after %d rounds (%s)", session.request_id, session.round,
+                    error or session.finish_reason, extra={"request_id": session.request_id})
         handle.done.set()
 
     def drive(self, session: DraftSession, on_tick: Callable[[dict], None] | None = None,
@@ -320,7 +325,8 @@ class SessionDriver(threading.Thread):
                 try:
                     on_tick(handle.progress())
                 except Exception:  # a missed lease renewal or progress report is retried next tick
-                    logger.exception("request %s: tick failed", session.request_id)
+                    logger.exception("request %s: tick failed", session.request_id,
+                                     extra={"request_id": session.request_id})
         if handle.error is not None:
             raise SessionFailed(handle.error)
         return handle.summary

@@ -9,6 +9,7 @@ from celery.signals import worker_ready, worker_shutdown
 from draft_worker.runtime import DraftHeartbeat, drive_session, get_runtime
 from services.celery_app import create_celery_app
 from services.config import get_settings
+from services.logs import request_context
 from services.protocol import TASK_RUN_SESSION, heartbeat_key
 
 logger = logging.getLogger(__name__)
@@ -20,11 +21,12 @@ celery_app = create_celery_app(get_settings())
 @celery_app.task(name=TASK_RUN_SESSION, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_session(self, request_id: str) -> dict:
     """Drive one request to its end; safe to run again for the same id (it resumes or returns)."""
-    return drive_session(
-        get_runtime(),
-        request_id,
-        report=lambda meta: self.update_state(state="PROGRESS", meta=meta),
-    )
+    with request_context(request_id):  # this task thread serves one request until it returns
+        return drive_session(
+            get_runtime(),
+            request_id,
+            report=lambda meta: self.update_state(state="PROGRESS", meta=meta),
+        )
 
 
 @worker_ready.connect

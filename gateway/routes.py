@@ -26,6 +26,7 @@ from gateway.submit import Submitted, check_model, submit
 from services.models.tokenization import encode_messages
 from gateway.routing import current_table
 from gateway.workers import live_workers
+from services.logs import bind_request
 from services.protocol import cancel_key
 from services.redis_client import REQUEST_TTL_S
 from services.storage import crud
@@ -81,6 +82,8 @@ def _stats(submitted: Submitted, last) -> dict:
 
 def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
              first_token_at: float | None) -> None:
+    logger.info("request %s finished: %s, %d tokens in %.0f ms", submitted.request_id,
+                last.finish_reason if last else "no output", num_tokens, 1000 * (time.monotonic() - started))
     state.metrics.observe_finished(
         endpoint="chat.completions" if chat else "completions",
         finish_reason=last.finish_reason if last else None,
@@ -229,6 +232,7 @@ def _request_view(row) -> dict:
 
 
 async def _owned_request(request: Request, caller: Caller, request_id: str):
+    bind_request(request_id)
     state = _state(request)
 
     def load():

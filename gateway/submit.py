@@ -17,6 +17,7 @@ from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
 from services.engine.target import check_request_fits
 from services.errors import ContextLengthError
+from services.logs import bind_request
 from services.protocol import TASK_RUN_SESSION, SessionSpec, draft_queue, request_key
 from services.redis_client import REQUEST_TTL_S
 from services.speculative.sampling import SamplingParams
@@ -104,6 +105,7 @@ async def _submit_admitted(state: GatewayState, caller: Caller, *, endpoint: str
         raise APIError(503, f"no {' or '.join(missing)} worker is serving; retry shortly",
                        headers={"Retry-After": "5"})
     request_id = f"{prefix}-{uuid.uuid4().hex}"
+    bind_request(request_id)  # this request's task: every later line of it (and uvicorn's access line) names it
     spec = SessionSpec(
         request_id=request_id,
         prompt_ids=prompt_ids,
@@ -143,4 +145,6 @@ async def _submit_admitted(state: GatewayState, caller: Caller, *, endpoint: str
         priority=PRIORITY_LEVELS[caller.priority],
         task_id=request_id,
     )
+    logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s", request_id, endpoint,
+                len(prompt_ids), max_new_tokens, pool, spec.route, caller.priority)
     return Submitted(request_id, spec)

@@ -171,6 +171,10 @@ class Settings(BaseSettings):
         "transposed", description="fp32 Linear weights on CPU: transposed verifies draft blocks faster (linear_layout.py)")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
 
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: every service logs one JSON object per line (ts, level, logger, message, service, "
+        "worker_id, request_id), for log pipelines; text: for a terminal (services/logs.py)")
+
     prefill_chunk_size: int = Field(512, ge=1)
     max_new_tokens_limit: int = Field(4096, ge=1)
 

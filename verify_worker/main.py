@@ -32,12 +32,12 @@ def _heartbeat_loop(worker: VerifyWorker, stop: threading.Event, interval_s: flo
         stop.wait(interval_s)
 
 
-def run_verify_worker(settings: Settings) -> None:
+def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
     import torch
 
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
-    worker_id = settings.worker.worker_id or default_worker_id("verify")
+    worker_id = worker_id or settings.worker.worker_id or default_worker_id("verify")
     target = load_model(settings.target, precision=settings.target_precision, device=settings.device,
                         cache_dir=settings.cache_dir)
     client = connect(settings.redis_url)

@@ -96,7 +96,7 @@ def resume_block(engine: TargetEngine, spec: SessionSpec, events: list[OutputEve
     end_round = block.round + max(1, block.num_rounds)
     if len(events) < block.round:
         logger.warning("request %s: block for round %d, stream has %d events: dropped", block.request_id,
-                       block.round, len(events))
+                       block.round, len(events), extra={"request_id": block.request_id})
         return None
     if len(events) >= end_round or (events and events[-1].finished):
         return resync_verdict(block, events)
@@ -104,7 +104,7 @@ def resume_block(engine: TargetEngine, spec: SessionSpec, events: list[OutputEve
     resumed = len(events) > block.round
     if not resumed and session.target.num_committed != block.num_committed:
         logger.warning("request %s: block saw %d tokens, stream holds %d: dropped", block.request_id,
-                       block.num_committed, session.target.num_committed)
+                       block.num_committed, session.target.num_committed, extra={"request_id": block.request_id})
         session.target.release()
         return None
     session.take(block, first_round_done=resumed,
@@ -176,7 +176,8 @@ class SessionTable:
             if session.last_used >= deadline:
                 break  # least recently used first: the rest are younger
             if not session.has_work:
-                logger.info("dropped session %s: no block for %.0f s", session.request_id, idle_s)
+                logger.info("dropped session %s: no block for %.0f s", session.request_id, idle_s,
+                            extra={"request_id": session.request_id})
                 self.pop(session.request_id)
 
     def evict_idle(self, needed_bytes: int = 0, *, keep: set[str] = frozenset()) -> bool:
@@ -190,5 +191,6 @@ class SessionTable:
                 continue
             self.pop(session.request_id)
             self.num_evictions += 1
-            logger.info("evicted session %s (KV budget %d bytes)", session.request_id, store.budget_bytes)
+            logger.info("evicted session %s (KV budget %d bytes)", session.request_id, store.budget_bytes,
+                        extra={"request_id": session.request_id})
         return not store.over_budget(needed_bytes)

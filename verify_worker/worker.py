@@ -161,7 +161,8 @@ class VerifyWorker:
             if session is None:
                 rebuild.append(block)
             elif session.has_work and session.block.round == block.round:
-                logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round)
+                logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round,
+                             extra={"request_id": block.request_id})
             elif not session.has_work and session.round == block.round \
                     and session.target.num_committed == block.num_committed:
                 try:
@@ -189,14 +190,16 @@ class VerifyWorker:
             try:
                 self._rebuild_one(block, raw_spec, entries, resyncs)
             except Exception as exc:  # the process boundary for one request
-                logger.exception("request %s: could not rebuild its session", block.request_id)
+                logger.exception("request %s: could not rebuild its session", block.request_id,
+                                 extra={"request_id": block.request_id})
                 self._fail([(block.request_id, block)], f"{type(exc).__name__}: {exc}")
         if resyncs:
             self._publish(resyncs)
 
     def _rebuild_one(self, block: DraftBlock, raw_spec: bytes | None, entries: list, resyncs: list) -> None:
         if raw_spec is None:
-            logger.warning("request %s has no spec (expired?): dropping its block", block.request_id)
+            logger.warning("request %s has no spec (expired?): dropping its block", block.request_id,
+                           extra={"request_id": block.request_id})
             self.sessions.pop(block.request_id)
             return
         events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
@@ -226,7 +229,8 @@ class VerifyWorker:
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
             forward_s = time.perf_counter() - forward_started
         except Exception as exc:  # the process boundary: fail the step's requests, keep serving
-            logger.exception("a step over %d rows failed", len(sessions))
+            logger.exception("a step over %d rows failed", len(sessions),
+                             extra={"request_ids": [s.request_id for s in sessions]})
             self._fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
         items = self._outcomes(sessions, results, rows=len(sessions))
@@ -306,13 +310,17 @@ class VerifyWorker:
             replies = pipe.execute(raise_on_error=False)
         for item, reply in zip(items, replies):
             if isinstance(reply, Exception):
-                logger.error("request %s: commit failed: %s", item.request_id, reply)
+                logger.error("request %s: commit failed: %s", item.request_id, reply,
+                             extra={"request_id": item.request_id})
                 self.sessions.pop(item.request_id)
             elif item.event and int(reply) != -1:
                 logger.info("request %s round %d: the stream holds %d events (cancelled, or another verifier "
-                            "committed): session dropped", item.request_id, item.seq, int(reply))
+                            "committed): session dropped", item.request_id, item.seq, int(reply),
+                            extra={"request_id": item.request_id})
                 self.sessions.pop(item.request_id)
             elif item.finished:
+                logger.info("request %s finished here at round %d", item.request_id, item.seq,
+                            extra={"request_id": item.request_id})
                 self.sessions.pop(item.request_id)
 
     def _check_cancellations(self) -> None:
@@ -329,7 +337,8 @@ class VerifyWorker:
             cancelled = pipe.execute()
         for session, flag in zip(running, cancelled):
             if flag:
-                logger.info("request %s cancelled: its target-only rounds stop", session.request_id)
+                logger.info("request %s cancelled: its target-only rounds stop", session.request_id,
+                            extra={"request_id": session.request_id})
                 self.sessions.pop(session.request_id)
 
     # --- heartbeat ------------------------------------------------------------------------------

@@ -10,9 +10,12 @@ naming the bad value and exit 2 (`services/cli/common.py`).
 from __future__ import annotations
 
 import logging
+from enum import Enum
+from typing import Annotated
 
 import typer
 
+from services.cli.common import apply_env
 from services.cli import (
     bench,
     distill,
@@ -30,6 +33,25 @@ from services.cli import (
 logger = logging.getLogger(__name__)
 
 app = typer.Typer(help="Mirror-SD: distributed speculative decoding.", no_args_is_help=True, add_completion=False)
+
+
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.callback()
+def global_options(
+    log_format: Annotated[LogFormat | None, typer.Option(
+        "--log-format",
+        help="json: one JSON object per log line, in this process and the ones it starts (MIRROR_SD_LOG_FORMAT)",
+    )] = None,
+) -> None:
+    """Mirror-SD: distributed speculative decoding."""
+    # an env variable, so that get_settings() and child processes (`mirror-sd up`) log the same way
+    apply_env(log_format=log_format.value if log_format else None)
+
+
 app.add_typer(models.app, name="models")
 app.add_typer(telemetry.app, name="telemetry")
 app.add_typer(keys.app, name="keys")

@@ -16,11 +16,19 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
-def setup(num_threads: int | None, verbose: bool) -> None:
+def service_logging(service: str, *, worker_id: str | None = None, level: int | str = logging.INFO) -> None:
+    """The log handler of a service process, in the settings' log_format (text, or one JSON object a line)."""
+    from services.config import get_settings
+    from services.logs import configure_logging
+
+    configure_logging(service=service, worker_id=worker_id, log_format=get_settings().log_format, level=level)
+
+
+def setup(num_threads: int | None, verbose: bool, *, service: str = "mirror-sd", worker_id: str | None = None) -> None:
     """Logging and torch threads for a command that runs models (torch is imported only here, on demand)."""
     import torch
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    service_logging(service, worker_id=worker_id, level=logging.INFO if verbose else logging.WARNING)
     if not verbose:
         from transformers.utils import logging as hf_logging
 

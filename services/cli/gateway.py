@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli.common import apply_env, fail
+from services.cli.common import apply_env, fail, service_logging
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,10 @@ def gateway_command(
         settings = get_settings()
     except ValueError as exc:
         fail(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import socket
+
+    service_logging("gateway", worker_id=f"gateway-{socket.gethostname()}-{settings.gateway.port}")
+    # json: uvicorn's own config would put text handlers on its loggers; without it they propagate to ours
+    log_config = None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG
     uvicorn.run("gateway.app:create_app", factory=True, host=settings.gateway.host, port=settings.gateway.port,
-                log_level="info")
+                log_level="info", log_config=log_config)

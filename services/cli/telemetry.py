@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli.common import fail
+from services.cli.common import fail, service_logging
 
 logger = logging.getLogger(__name__)
 
@@ -19,10 +19,12 @@ app = typer.Typer(help="Telemetry: routing-table service and probe overrides.", 
 @app.command("run")
 def telemetry_run() -> None:
     """Turn heartbeats into the routing table (fallback rules), every telemetry.interval_s."""
+    import socket
+
     from services.config import get_settings
     from telemetry.main import run_telemetry
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    service_logging("telemetry", worker_id=f"telemetry-{socket.gethostname()}")
     run_telemetry(get_settings())
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli.common import apply_env, fail
+from services.cli.common import apply_env, fail, service_logging
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def up(
     from services.storage.db import init_db
 
     apply_env(gateway__auth_disabled=str(auth_disabled).lower(), draft=draft)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    service_logging("up")
     settings = get_settings()
     init_db(settings.database_url)  # migrate once, before the children race to it
     typer.echo(f"starting gateway on :{port}, a draft worker and a verify worker ({settings.target}) ...", err=True)

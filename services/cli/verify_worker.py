@@ -22,12 +22,13 @@ def verify_worker_command(
     """Run a verify worker: the target model, verifying blocks from its pool and its own queue."""
     apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads)
     from services.config import get_settings
-    from verify_worker.main import run_verify_worker
+    from verify_worker.main import default_worker_id, run_verify_worker
 
     settings = get_settings()
-    setup(settings.num_threads, verbose)
+    worker_id = settings.worker.worker_id or default_worker_id("verify")
+    setup(settings.num_threads, verbose, service="verify-worker", worker_id=worker_id)
     logging.getLogger().setLevel(logging.INFO)
     try:
-        run_verify_worker(settings)
+        run_verify_worker(settings, worker_id=worker_id)
     except MirrorSDError as exc:
         fail(str(exc))

@@ -1,33 +1,142 @@
-"""No Docker engine runs here: check the compose file against the CLI instead."""
+"""The compose stack as a real Compose implementation resolves it, and its Dockerfile.
 
+No Docker engine runs here, so nothing is built or started: `docker-compose config` (Debian's package, installed
+by .ci/run) parses the file the way `up` would (anchors, merges, ${VAR:?} checks) and prints the result, and the
+tests assert on that result, not on the text we wrote.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 from typer.main import get_command
 
 from services.cli import app
+from services.protocol import ROUTING_TABLE_KEY, heartbeat_key
 
-COMPOSE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+DOCKERFILE = ROOT / "compose" / "Dockerfile"
+MIRROR_SERVICES = ("gateway", "draft-worker", "verify-worker-gpu", "verify-worker-cpu", "telemetry")
 
 
-def load() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+def compose_config(**env: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is missing: `apt-get install docker-compose` (.ci/run installs it)"
+    # A clean environment: a MIRROR_SD_* or COMPOSE_* variable of the shell running the tests must not change
+    # what the file resolves to.
+    return subprocess.run([binary, "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env})
 
 
-def test_every_service_has_a_healthcheck_or_waits_for_health():
-    services = load()["services"]
-    assert {"redis", "postgres", "gateway", "draft-worker", "verify-worker", "telemetry", "flower"} <= set(services)
+@lru_cache(maxsize=1)
+def resolved_file() -> dict:
+    result = compose_config(POSTGRES_PASSWORD="s3cret")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def resolved() -> dict:
+    return resolved_file()["services"]
+
+
+def named_volumes() -> set[str]:
+    return set(resolved_file().get("volumes") or {})
+
+
+def pool_of(service: dict) -> str:
+    """The pool a mirror-sd service runs in: its --pool flag, else MIRROR_SD_WORKER__POOL (the flag wins)."""
+    command = service["command"]
+    if "--pool" in command:
+        return command[command.index("--pool") + 1]
+    return service["environment"]["MIRROR_SD_WORKER__POOL"]
+
+
+def test_the_stack_has_every_service_with_health_and_grace():
+    services = resolved()
+    assert set(services) == {"redis", "postgres", "flower", *MIRROR_SERVICES}
     for name, service in services.items():
-        if name != "flower":
-            assert "healthcheck" in service, name
-        for dependency, condition in (service.get("depends_on") or {}).items():
+        assert service["healthcheck"]["test"], name
+        assert "stop_grace_period" in service, name
+        for dependency, condition in service.get("depends_on", {}).items():
             assert condition == {"condition": "service_healthy"}, (name, dependency)
-            assert "healthcheck" in services[dependency]
+            assert "healthcheck" in services[dependency], (name, dependency)
+    for name in MIRROR_SERVICES:
+        env = services[name]["environment"]
+        assert env["MIRROR_SD_DATABASE_URL"] == "postgresql://mirror:s3cret@postgres:5432/mirror", name
+        assert env["MIRROR_SD_ENVIRONMENT"] == "production", name  # production refuses auth_disabled
+        assert env["MIRROR_SD_LOG_FORMAT"] == "json", name
+        assert env["MIRROR_SD_DRAFT"] == "auto", name
+
+
+def test_gpu_worker_gets_the_gpu_image_and_a_gpu_in_pool_gpu():
+    gpu = resolved()["verify-worker-gpu"]
+    assert pool_of(gpu) == "gpu"
+    assert gpu["environment"]["MIRROR_SD_DEVICE"] == "cuda"
+    assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert gpu["image"] == "mirror-sd-gpu:latest"
+    assert "/whl/cu12" in gpu["build"]["args"]["TORCH_INDEX"]  # CUDA torch, not the Dockerfile's CPU default
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("nvidia-ml-py") for dep in extras[gpu["build"]["args"]["EXTRAS"]])
+
+
+def test_cpu_worker_is_the_fallback_pool_the_telemetry_service_uses():
+    services = resolved()
+    cpu = services["verify-worker-cpu"]
+    assert pool_of(cpu) == "cpu"
+    assert cpu["image"] == "mirror-sd:latest" and "deploy" not in cpu and "profiles" not in cpu
+    assert "MIRROR_SD_DEVICE" not in cpu["environment"]  # settings' default: cpu
+    assert services["telemetry"]["environment"]["MIRROR_SD_TELEMETRY__FALLBACK_POOL"] == pool_of(cpu)
+    assert pool_of(services["verify-worker-gpu"]) != pool_of(cpu)  # else the thermal rule has nowhere to go
+
+
+def test_sessions_of_both_verify_pools_reach_a_draft_worker():
+    """The gateway sends every session to draft.<its own worker.pool> (gateway/submit.py) and requires a draft
+    worker heartbeating in that pool, whichever verify pool routing chose: one draft pool serves both."""
+    services = resolved()
+    assert pool_of(services["draft-worker"]) == pool_of(services["gateway"]) == "cpu"
+    command = services["draft-worker"]["healthcheck"]["test"][1]
+    assert f"draft-{pool_of(services['draft-worker'])}@" in command  # the Celery hostname the CLI gives it
+
+
+def test_redis_keeps_an_append_only_file_in_a_volume_and_flower_watches_it():
+    services = resolved()
+    redis = services["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    # docker-compose v1 prints the short form (`name:/data:rw`), v2 the long one
+    mounts = [(v["source"], v["target"]) if isinstance(v, dict) else tuple(v.split(":")[:2]) for v in redis["volumes"]]
+    assert any(target == "/data" and source in named_volumes() for source, target in mounts), mounts
+    broker = services["gateway"]["environment"]["MIRROR_SD_REDIS_URL"]
+    assert broker.startswith("redis://redis:")
+    assert services["flower"]["environment"]["CELERY_BROKER_URL"] == broker
+    assert all(services[name]["environment"]["MIRROR_SD_REDIS_URL"] == broker for name in MIRROR_SERVICES)
+
+
+def test_healthchecks_read_the_keys_the_services_write():
+    services = resolved()
+    for name in ("verify-worker-gpu", "verify-worker-cpu"):
+        worker_id = services[name]["environment"]["MIRROR_SD_WORKER__WORKER_ID"]
+        assert worker_id == f"verify-{pool_of(services[name])}-0"
+        assert f"'{heartbeat_key('')}' + os.environ['MIRROR_SD_WORKER__WORKER_ID']" in services[name]["healthcheck"]["test"][1]
+    assert f"'{ROUTING_TABLE_KEY}'" in services["telemetry"]["healthcheck"]["test"][1]
+
+
+def test_config_fails_clearly_without_the_postgres_password():
+    result = compose_config()
+    assert result.returncode != 0
+    assert "set POSTGRES_PASSWORD" in result.stderr, result.stderr
 
 
 def test_commands_are_real_cli_commands_with_real_options():
     cli = get_command(app)
-    for name, service in load()["services"].items():
+    for name, service in resolved().items():
         command = service.get("command", [])
         if command[:1] != ["mirror-sd"]:
             continue
@@ -40,14 +149,36 @@ def test_commands_are_real_cli_commands_with_real_options():
         assert set(flags) <= known, (name, set(flags) - known)
 
 
-def test_verify_worker_reserves_a_gpu_and_cpu_profile_exists():
-    services = load()["services"]
-    devices = services["verify-worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["capabilities"] == ["gpu"]
-    assert services["verify-worker-cpu"]["profiles"] == ["cpu"]
+def _stages() -> dict[str, str]:
+    """Dockerfile text per build stage (FROM ... AS name)."""
+    stages, name = {}, None
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("FROM "):
+            name = line.split(" AS ")[-1].strip()
+            stages[name] = ""
+        elif name is not None and not line.lstrip().startswith("#"):
+            stages[name] += line + "\n"
+    return stages
 
 
-def test_required_secret_is_required():
-    text = COMPOSE.read_text()
-    assert "${POSTGRES_PASSWORD:?" in text
-    assert "MIRROR_SD_ENVIRONMENT: production" in text  # production refuses auth_disabled
+def test_dockerfile_builds_llama_cpp_portably_and_ships_no_compiler():
+    stages = _stages()
+    builder, runtime = stages["llama-builder"], stages["runtime"]
+    assert "ARG LLAMA_CPP_PYTHON_VERSION=0.3.36" in builder
+    assert '"llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}"' in builder
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF"' in builder  # no -march=native: the image runs on any x86-64 host
+    assert "cmake" in builder and "g++" in builder
+    assert "cmake" not in runtime and "g++" not in runtime
+    assert "COPY --from=llama-builder /wheels" in runtime
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in runtime
+
+
+def test_image_carries_the_dev_prompts_where_the_bench_default_looks():
+    """services/bench/prompts.py finds data/ two folders above services/bench/: the image installs editable from
+    /app, so /app/data must be there (a plain `pip install .` would look beside site-packages)."""
+    runtime = _stages()["runtime"]
+    assert "WORKDIR /app" in runtime and "COPY data ./data" in runtime and "COPY docs ./docs" in runtime
+    assert 'pip install -e "' in runtime
+    from services.bench.prompts import DEV_PROMPTS_PATH
+
+    assert DEV_PROMPTS_PATH.relative_to(ROOT) == Path("data/dev_prompts.jsonl")
