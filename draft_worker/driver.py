@@ -199,7 +199,7 @@ class SessionDriver(threading.Thread):
                          extra={"request_id": verdict.request_id})
             return
         try:
-            finished = session.on_verdict(verdict)
+            finished = session.on_verdict(verdict, draft_sessions=len(self._handles))
         except Exception as exc:
             self._finish(handle, error=f"could not apply the verdict of round {verdict.round}: {exc}")
             raise

@@ -77,7 +77,9 @@ class DraftRuntime:
         keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_"))}
         merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
                   for key in keys}
-        cost = CostModel.from_profile(merged, self.profile.get("draft_ms_per_token", 0.0)) if merged else None
+        draft = {key: value for key, value in self.profile.items() if key.startswith("draft_")}
+        cost = CostModel.from_profile({**merged, **draft}, self.profile.get("draft_ms_per_token", 0.0)) \
+            if merged else None
         self._costs[pool] = (time.monotonic(), cost)
         return cost
 

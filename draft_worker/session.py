@@ -214,9 +214,10 @@ class DraftSession:
         return flight.speculating
 
     # --- verdicts -------------------------------------------------------------------------------
-    def on_verdict(self, verdict: Verdict) -> bool:
+    def on_verdict(self, verdict: Verdict, draft_sessions: int | None = None) -> bool:
         """Apply the verdict of the block in flight; True when the request ended. The next block then comes
-        from draft_call() and next_block()."""
+        from draft_call() and next_block(). draft_sessions: how many sessions this draft worker drives (its
+        batched draft steps serve them all)."""
         flight = self.in_flight
         assert flight is not None and verdict.round == self.round, "a verdict for another round"
         self.in_flight = None
@@ -235,7 +236,7 @@ class DraftSession:
         if verdict.committed_ids and self.first_token_at is None:
             self.first_token_at = time.time()
         self.stats = verdict.stats
-        self.controller.observe_load(verdict.batch_rows)
+        self.controller.observe_load(verdict.batch_rows, draft_sessions)
         if self.recent is not None:
             self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows)
         if verdict.num_draft_tokens or flight.block.draft_ids:

@@ -26,6 +26,7 @@ import torch
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.decoder import ForwardRow
 from services.models.kv_store import SequenceKV
+from services.models.drafters.batched import DraftCall, propose_many
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
@@ -50,7 +51,9 @@ def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) ->
 
 
 def _time_step(engine: TargetEngine, sequences: list, num_tokens: int, repeats: int) -> float:
-    """Median ms of one step whose rows each feed num_tokens tokens and want logits for all of them."""
+    """Ms of one step whose rows each feed num_tokens tokens and want logits for all of them: the fastest of
+    the repeats, since other processes only ever add time (a worker measures its profile while the rest of a
+    stack starts up, and the profile is cached: a median of a busy moment would stay wrong for good)."""
     vocab = engine.target.vocab_size
     base = sequences[0].length
     timings = []
@@ -62,14 +65,14 @@ def _time_step(engine: TargetEngine, sequences: list, num_tokens: int, repeats: 
         timings.append(1000 * (time.perf_counter() - started))
         for sequence in sequences:
             sequence.crop(base)  # back to the context for the next timing
-    return round(statistics.median(timings[1:]), 3)
+    return round(min(timings[1:]), 3)
 
 
 def measure_verify_profile(target: LoadedModel | TargetEngine, *, context_tokens: int = 64, repeats: int = 3,
                            sizes: tuple[int, ...] = VERIFY_SIZES, max_rows: int = 1,
                            step_sizes: tuple[int, ...] = STEP_SIZES,
                            step_rows: tuple[int, ...] = STEP_ROWS) -> dict[str, float]:
-    """{"verify_ms_1": ..., "verify_ms_9": ...}: median ms of one row of n tokens (the cost curve; it is
+    """{"verify_ms_1": ..., "verify_ms_9": ...}: ms of one row of n tokens (the cost curve; it is
     not smooth on CPUs); with max_rows > 1 also {"step_ms_<rows>x<n>": ...} for step_rows up to max_rows."""
     engine = TorchEngine(target) if isinstance(target, LoadedModel) else target
     row_counts = [rows for rows in step_rows if 1 < rows <= max_rows]
@@ -142,9 +145,15 @@ def cached_verify_profile(engine: TargetEngine, cache_dir: Path | None, *, max_r
     return profile
 
 
+DRAFT_BATCH_SESSIONS = (4, 16)  # sessions per batched draft step timed for the cost model (besides 1)
+
+
 def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_tokens: int = 64,
-                          num_draft_tokens: int = 8, repeats: int = 3) -> dict[str, float]:
-    """{"draft_ms_per_token": ...}: median ms per proposed token of a fresh session's drafter."""
+                          num_draft_tokens: int = 8, repeats: int = 3,
+                          batch_sessions: tuple[int, ...] = DRAFT_BATCH_SESSIONS) -> dict[str, float]:
+    """{"draft_ms_per_token": ..., "draft_step_ms_16": ...}: ms per proposed token of a fresh session's
+    drafter (the fastest repeat, as for the verify profile); for a model draft that steps its sessions
+    together, also ms of one batched draft step of that many sessions (what each of them waits per token)."""
     drafter = source.new_drafter()
     if drafter is None:
         return {}
@@ -161,7 +170,32 @@ def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_token
             timings.append(1000 * (time.perf_counter() - started) / max(1, proposal.num_draft_tokens))
     finally:
         drafter.release()
-    return {"draft_ms_per_token": round(statistics.median(timings[1:]), 4)}
+    profile = {"draft_ms_per_token": round(min(timings[1:]), 4)}
+    engine = getattr(drafter, "draft_engine", None)
+    if engine is not None:
+        for sessions in batch_sessions:
+            profile[f"draft_step_ms_{sessions}"] = _time_draft_batch(engine, sessions, context, num_draft_tokens,
+                                                                     max(1, repeats - 1))
+    return profile
+
+
+def _time_draft_batch(engine, sessions: int, context: list[int], num_draft_tokens: int, repeats: int) -> float:
+    """Ms of one draft step of `sessions` sessions drafting together (their own contexts), fastest repeat."""
+    drafters = [engine.new_drafter() for _ in range(sessions)]
+    contexts = [[(token + 17 * index) % len(context) + 3 for token in context] for index in range(sessions)]
+    calls = [DraftCall(drafter, own, num_draft_tokens, SamplingParams(), None)
+             for drafter, own in zip(drafters, contexts)]
+    timings = []
+    try:
+        for _ in range(repeats + 1):  # the first prefills every session's KV
+            started = time.perf_counter()
+            proposals = propose_many(calls)
+            steps = max(1, max(proposal.num_draft_tokens for proposal in proposals))
+            timings.append(1000 * (time.perf_counter() - started) / steps)
+    finally:
+        for drafter in drafters:
+            drafter.release()
+    return round(min(timings[1:]), 4)
 
 
 def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:

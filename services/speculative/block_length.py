@@ -58,6 +58,7 @@ class BlockLengthController:
         self._fallback_rounds_left = 0
         self.num_fallbacks = 0
         self.rows = 1.0  # rows in the target step this session's blocks share (1 in-process)
+        self.draft_sessions: float | None = None  # sessions drafting beside it on its draft worker; None: rows
         if cost is not None and not explore and self._best_for_cost(rows=1.0)[0] == 0:
             self._enter_fallback(self.prior)
 
@@ -93,16 +94,21 @@ class BlockLengthController:
         drafted = sum(d for d, _ in self._window)
         return sum(a for _, a in self._window) / drafted if drafted else 0.0
 
-    def observe_load(self, rows: float) -> None:
-        """Rows in the step that verified the last block: the load the next block meets."""
+    def observe_load(self, rows: float, draft_sessions: float | None = None) -> None:
+        """Rows in the step that verified the last block: the load the next block meets; and the sessions its
+        draft worker drafts (a batched draft step serves them all), when known."""
         self.rows = max(1.0, float(rows))
+        if draft_sessions is not None:
+            self.draft_sessions = max(1.0, float(draft_sessions))
 
     def _best_for_cost(self, rows: float | None = None) -> tuple[int, float]:
         alpha = alpha_from_rounds(self._window)
         if alpha is None:
             alpha = self.prior
         candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
-        return best_block_length(alpha, self.cost, candidates, self.rows if rows is None else rows)
+        if rows is None:  # the current load: the target step's rows and the draft worker's sessions
+            return best_block_length(alpha, self.cost, candidates, self.rows, self.draft_sessions)
+        return best_block_length(alpha, self.cost, candidates, rows)  # a what-if at `rows` alike
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         """Feed one finished round."""
@@ -170,7 +176,10 @@ class RecentRounds:
         return alpha_from_rounds(rounds) if len(rounds) >= self.min_rounds else None
 
     def explore(self) -> bool:
-        """True for every explore_every-th new session: it probes drafting whatever the prior says."""
+        """True while too few rounds were seen for a prior (with no evidence, a session tries drafting rather
+        than trust a fixed guess: config.prior_acceptance would keep a good draft off for every session but
+        the explorers), then for every explore_every-th new session: it probes drafting whatever the prior
+        says, so a prior that went stale can recover."""
         with self._lock:
             self._sessions += 1
-            return self._sessions % self.explore_every == 1
+            return len(self._rounds) < self.min_rounds or self._sessions % self.explore_every == 1

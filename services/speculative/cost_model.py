@@ -10,7 +10,10 @@ draft token lengthens the step for all, and plain batched decoding wins. On a
 CPU the forward's cost is not smooth in its length (measured here: 1 token
 43 ms, 2 tokens 73 ms, 5 tokens 71 ms), so the best g is read off the
 measured curve, not assumed. g = 0 (the target alone) competes too: when
-no block length pays for itself, the session should not draft.
+no block length pays for itself, the session should not draft. The draft
+side is shared as well: one draft worker steps the drafts of all its
+sessions together, so a session's draft step costs what the batched step
+of all of them costs (measured per session count, like the target's grid).
 """
 
 from __future__ import annotations
@@ -36,12 +39,32 @@ def _interpolate(curve: dict[int, float], at: float) -> float:
     return curve[below] + (at - below) / (above - below) * (curve[above] - curve[below])
 
 
+def _interpolate_rows(at_rows: dict[int, float], rows: float) -> float:
+    """A cost measured at some row counts (1 among them): linear between them, and past the largest
+    measured along the slope of the last two (a batched step keeps growing with its rows)."""
+    if rows in at_rows:
+        return at_rows[rows]
+    counts = sorted(at_rows)
+    if len(counts) == 1:
+        return at_rows[counts[0]]
+    higher = [count for count in counts if count > rows]
+    below = max(count for count in counts if count < rows)
+    above = min(higher) if higher else below
+    if not higher:
+        below = counts[-2]
+    slope = (at_rows[above] - at_rows[below]) / (above - below)
+    return at_rows[below] + (rows - below) * slope
+
+
 @dataclass(frozen=True)
 class CostModel:
     verify_ms: dict[int, float]  # tokens in one target forward of one row -> ms (measured; at least 1 token)
     draft_ms_per_token: float = 0.0
     # rows in the step -> {tokens per row -> ms}, for steps of more than one row (measured; empty = batch 1 only)
     step_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    # sessions drafting together -> ms of one batched draft step (one token each), for more than one session
+    # (measured on model drafts; empty = every session pays draft_ms_per_token, as if it had a core of its own)
+    draft_step_ms: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -66,7 +89,9 @@ class CostModel:
                 if rows > 1:
                     step.setdefault(rows, {})[tokens] = float(value)
         draft = draft_ms_per_token if draft_ms_per_token is not None else profile.get("draft_ms_per_token", 0.0)
-        return cls(verify, float(draft), step)
+        draft_steps = {int(key.removeprefix("draft_step_ms_")): float(value) for key, value in profile.items()
+                       if key.startswith("draft_step_ms_") and int(key.removeprefix("draft_step_ms_")) > 1}
+        return cls(verify, float(draft), step, draft_steps)
 
     def verify_cost(self, num_tokens: float) -> float:
         """One row of num_tokens: measured, else linear between the nearest measured lengths (flat past the
@@ -81,25 +106,25 @@ class CostModel:
         if rows <= 1 or not self.step_ms:  # no grid measured: the one-row curve (no load information)
             return self.verify_cost(tokens_per_row)
         curves = {1: self.verify_ms, **self.step_ms}
-        at_rows = {count: _interpolate(curve, tokens_per_row) for count, curve in curves.items()}
-        if rows in at_rows:
-            return at_rows[rows]
-        counts = sorted(at_rows)
-        higher = [count for count in counts if count > rows]
-        below = max(count for count in counts if count < rows)
-        above = min(higher) if higher else below
-        if not higher:  # past the largest measured step: the slope of the last two
-            below = counts[-2]
-        slope = (at_rows[above] - at_rows[below]) / (above - below)
-        return at_rows[below] + (rows - below) * slope
+        return _interpolate_rows({count: _interpolate(curve, tokens_per_row) for count, curve in curves.items()},
+                                 rows)
 
-    def round_ms(self, gamma: int, rows: float = 1) -> float:
-        """One round of one session: its drafting plus the step it shares with `rows` rows of gamma + 1."""
-        return gamma * self.draft_ms_per_token + self.step_cost(rows, gamma + 1)
+    def draft_cost(self, sessions: float = 1) -> float:
+        """Ms of one draft step when `sessions` sessions draft together on one draft worker: a session's
+        block waits for the whole batched step (one llama_decode or packed forward for all of them)."""
+        if sessions <= 1 or not self.draft_step_ms:
+            return self.draft_ms_per_token
+        return _interpolate_rows({1: self.draft_ms_per_token, **self.draft_step_ms}, sessions)
 
-    def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1) -> float:
+    def round_ms(self, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
+        """One round of one session: its drafting (a step shared with draft_sessions sessions, default the
+        rows) plus the target step it shares with `rows` rows of gamma + 1."""
+        sessions = rows if draft_sessions is None else draft_sessions
+        return gamma * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1)
+
+    def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
         """Expected tokens per ms of one session whose step has `rows` rows like its own."""
-        return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma, rows)
+        return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma, rows, draft_sessions)
 
 
 def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:
@@ -110,7 +135,8 @@ def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:
         gamma * cost.draft_ms_per_token + cost.verify_cost(gamma + 1))
 
 
-def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int], rows: float = 1) -> tuple[int, float]:
+def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int], rows: float = 1,
+                      draft_sessions: float | None = None) -> tuple[int, float]:
     """The block length (0 = target alone) with the most expected tokens per ms when the step has `rows`
     rows (the load: every row is assumed to draft alike, so at a large batch the extra tokens of every
     row are paid for in a step that is longer for all), and its predicted speedup over the target alone
@@ -118,7 +144,7 @@ def best_block_length(alpha: float, cost: CostModel, candidates: Iterable[int], 
     baseline = cost.tokens_per_ms(alpha, 0, rows)
     best_gamma, best_rate = 0, baseline
     for gamma in sorted(set(candidates)):
-        rate = cost.tokens_per_ms(alpha, gamma, rows)
+        rate = cost.tokens_per_ms(alpha, gamma, rows, draft_sessions)
         if rate > best_rate * (1 + 1e-9):
             best_gamma, best_rate = gamma, rate
     return best_gamma, best_rate / baseline

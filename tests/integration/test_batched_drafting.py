@@ -88,3 +88,13 @@ def test_trimmed_drafts_run_on_the_packed_forward():
         proposal = drafter.propose(context, 4, GREEDY, None)
         assert proposal.token_ids == ModelDrafter(loaded).propose(context, 4, GREEDY, None).token_ids
         assert all(token % 2 == 0 for token in proposal.token_ids)  # only kept tokens are ever drafted
+
+
+def test_the_draft_profile_times_batched_steps_of_model_drafts_only():
+    from services.engine.profile import measure_draft_profile
+
+    target = build_tiny_llama(0)
+    model = measure_draft_profile(DraftSource("self:fp32", target.with_precision("fp32")), TINY_VOCAB,
+                                  batch_sessions=(3,))
+    assert set(model) == {"draft_ms_per_token", "draft_step_ms_3"} and model["draft_step_ms_3"] > 0
+    assert set(measure_draft_profile(DraftSource("ngram", None), TINY_VOCAB)) == {"draft_ms_per_token"}

@@ -110,6 +110,8 @@ def test_recent_rounds_give_the_prior_and_the_load():
     recent.observe(4, 2, rows=5)
     assert recent.alpha() == pytest.approx(6 / 8)  # 6 accepted, 2 rounds that stopped early
     assert [recent.explore() for _ in range(8)] == [True, False, False, False] * 2
+    fresh = RecentRounds(min_rounds=3)
+    assert all(fresh.explore() for _ in range(5))  # no evidence yet: every session tries drafting
 
 
 def test_the_fallback_goes_by_pay_off_not_acceptance():
@@ -130,3 +132,25 @@ def test_the_fallback_goes_by_pay_off_not_acceptance():
     for _ in range(3):
         accepted_but_dear.update(4, 3)  # acceptance 0.75, well above the floor
     assert accepted_but_dear.fallen_back and accepted_but_dear.num_draft_tokens == 0
+
+
+def test_a_draft_worker_shared_by_many_sessions_charges_its_batched_step():
+    """16 sessions on one draft core: each waits for the batched draft step of all 16, which the flat per-token
+    cost (a core per session) does not see."""
+    profile = {"verify_ms_1": 30.0, "verify_ms_5": 52.0, "verify_ms_9": 70.0, "step_ms_16x1": 85.0,
+               "step_ms_16x2": 95.0, "step_ms_16x5": 120.0, "step_ms_16x9": 160.0, "draft_ms_per_token": 8.0}
+    flat = CostModel.from_profile(profile)
+    batched = CostModel.from_profile({**profile, "draft_step_ms_4": 20.0, "draft_step_ms_16": 110.0})
+    assert batched.draft_cost(1) == 8.0 and batched.draft_cost(16) == 110.0
+    assert batched.draft_cost(10) == pytest.approx(20.0 + 6 * 90.0 / 12)
+    assert batched.draft_cost(32) == pytest.approx(110.0 + 16 * 90.0 / 12)  # past the last: its slope
+    assert flat.draft_cost(16) == 8.0
+    assert best_block_length(0.9, flat, range(1, 9), rows=16)[0] > 0
+    assert best_block_length(0.9, batched, range(1, 9), rows=16)[0] == 0
+    # with the target step at 16 rows but only 4 sessions on this draft worker, drafting pays again
+    assert best_block_length(0.9, batched, range(1, 9), rows=16, draft_sessions=4)[0] > 0
+    controller = BlockLengthController(SpeculativeSettings(block_policy="cost"), cost=batched, prior=0.9)
+    controller.observe_load(16, draft_sessions=16)
+    assert controller.num_draft_tokens == 0
+    controller.observe_load(16, draft_sessions=2)
+    assert controller.num_draft_tokens > 0
