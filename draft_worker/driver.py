@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from draft_worker.pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled
+from draft_worker.pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled, warm_up
 from draft_worker.session import DraftSession, SessionSummary
 from services import protocol
 from services.models.drafters.base import DraftProposal
@@ -238,7 +238,7 @@ class SessionDriver(threading.Thread):
     def _speculate(self) -> None:
         """Pipelined drafting for the blocks in flight, every session's speculation stepped together,
         until any verdict arrives."""
-        states = self._speculations()
+        states = warm_up(self._speculations())
         if states:
             speculate_many(states, throttled(lambda: self.client.llen(self.inbox) > 0, POLL_EVERY_S))
 

@@ -87,6 +87,27 @@ class SpeculationState:
                            self.elapsed_s, time.time())
 
 
+WARM_UP_TOKENS = 64  # draft prefill per driver turn: a cold session's prompt never holds verdicts up for long
+
+
+def warm_up(states: list[SpeculationState], budget: int = WARM_UP_TOKENS) -> list[SpeculationState]:
+    """The states ready to speculate: those whose model draft already holds their context (or that need no
+    KV). Cold ones (a new session's prompt) get up to `budget` of their missing tokens prefilled this turn,
+    batched per draft engine, and speculate once warm: a burst of new sessions prefills a piece per turn
+    between verdicts instead of all at once inside one speculation step."""
+    ready, cold = [], {}
+    for state in states:
+        drafter = getattr(state.drafter, "model", state.drafter)  # a hybrid's model half holds the KV
+        engine = getattr(drafter, "draft_engine", None)
+        if engine is None or drafter.missing(state.context) == 0:
+            ready.append(state)
+        else:
+            cold.setdefault(id(engine), (engine, []))[1].append((drafter, state.context))
+    for engine, items in cold.values():
+        engine.prefill_many(items, budget)
+    return ready
+
+
 def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> None:
     """Advance every state, one batched draft call per step (services/models/drafters/batched.py), until all
     are done or verdict_ready() says a verdict waits: speculation holds up the critical path by one step

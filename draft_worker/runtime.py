@@ -88,7 +88,7 @@ class DraftRuntime:
                             speculative=self.settings.speculative, cost=self.cost_model(spec.pool),
                             reply_to=protocol.draft_inbox(self.worker_id),
                             pipelined=self.settings.worker.pipelined_drafting,
-                            recent=self.recent)
+                            recent=self.recent, draft_sessions=self.driver.num_sessions + 1)
 
 
 _RUNTIME_LOCK = threading.Lock()

@@ -29,7 +29,7 @@ from services.config import SpeculativeSettings
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import BlockLengthController, RecentRounds
+from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
@@ -84,7 +84,7 @@ class InFlight:
 class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
-                 pipelined: bool, recent: RecentRounds | None = None) -> None:
+                 pipelined: bool, recent: RecentRounds | None = None, draft_sessions: int | None = None) -> None:
         self.spec = spec
         self.request_id = spec.request_id
         self.committed: list[int] = [*spec.prompt_ids, *(t for e in events for t in e.token_ids)]
@@ -97,7 +97,9 @@ class DraftSession:
         explore = recent.explore() if recent is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
         if recent is not None:
-            self.controller.observe_load(recent.rows)  # the first block meets the pool's current load
+            # the first block meets the pool's current load, and the draft worker's (a burst of new sessions
+            # shares one draft core: its batched steps can cost more than plain rounds save)
+            self.controller.observe_load(recent.rows, draft_sessions)
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                                        seed=spec.seed)
@@ -107,9 +109,8 @@ class DraftSession:
         self.pipelined = pipelined and self.drafter is not None
         # The first block: target-only while the draft prefills its KV, speculating the block after it
         # (a long prompt's draft prefill would otherwise come before the target's, on the critical path).
-        threshold = speculative.plain_opening_tokens
-        self._plain_opening = self.pipelined and 0 < threshold <= len(self.committed) and \
-            bool(getattr(drafter, "stepwise", False))
+        self._plain_opening = self.round == 0 and opens_plain(speculative, len(spec.prompt_ids),
+                                                               bool(getattr(self.drafter, "stepwise", False)))
         self._opening_block: DraftBlock | None = None  # speculated like a block accepted whole
         self.transport_ms: list[float] = []
         self.first_token_at: float | None = None

@@ -49,10 +49,10 @@ class SpeculativeSettings(BaseModel):
                                     "policy before a session has drafted")
     ngram_max: int = Field(4, ge=1)
     ngram_min: int = Field(2, ge=1)
-    plain_opening_tokens: int = Field(128, ge=0, description="pipelined model drafts: a session whose prompt "
+    plain_opening_tokens: int = Field(1, ge=0, description="pipelined model drafts: a session whose prompt "
                                       "is at least this long opens with one target-only round, and the draft "
-                                      "prefills its KV while the target prefills (TTFT: the longer of the two, "
-                                      "not their sum); 0 = always draft the first block")
+                                      "prefills its KV while the target prefills (TTFT: the target's prefill "
+                                      "alone, not the draft's first); 0 = always draft the first block")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "SpeculativeSettings":

@@ -19,7 +19,7 @@ from services.engine.target import TargetSession, check_request_fits, run_step
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.loading import LoadedModel
-from services.speculative.block_length import BlockLengthController
+from services.speculative.block_length import BlockLengthController, opens_plain
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class GenerationSession:
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)
         self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
+        self._plain_opening = opens_plain(options.speculative, len(self.prompt_ids),
+                                          bool(getattr(drafter, "stepwise", False)))
 
     @property
     def output(self) -> OutputState:
@@ -73,7 +75,7 @@ class GenerationSession:
         return self.output.output_ids
 
     def _block_length(self) -> int:
-        if self.drafter is None:
+        if self.drafter is None or self._plain_opening:
             return 0
         # A round emits up to gamma + 1 tokens: never draft past the token limit.
         return max(0, min(self.controller.num_draft_tokens, self.output.remaining - 1, self.target_session.room))
@@ -82,6 +84,7 @@ class GenerationSession:
         """Run one round; return the tokens it added to the output (maybe none, at EOS)."""
         assert not self.finished, "session already finished"
         num_draft_tokens = self._block_length()
+        self._plain_opening = False
         proposal = _NO_DRAFT
         started = time.perf_counter()
         if num_draft_tokens > 0:

@@ -35,6 +35,14 @@ def next_block_length(current: int, window_acceptance: float, config: Speculativ
     return max(current - config.lower_step, config.min_draft_tokens)
 
 
+def opens_plain(config: SpeculativeSettings, num_prompt_tokens: int, model_draft: bool) -> bool:
+    """Whether a request's first round is target-only: with a model draft (it must prefill the prompt before
+    it drafts) and a prompt of at least plain_opening_tokens. The draft then prefills while the target does
+    (pipelined on a draft worker), so the first token waits for the target's prefill alone. The same rule
+    in-process and on draft workers, so seeded requests draw the same rounds everywhere."""
+    return model_draft and 0 < config.plain_opening_tokens <= num_prompt_tokens
+
+
 LOAD_PLAIN_ROUNDS = 64  # target-only rounds while the load makes drafting not pay, before looking again
 
 

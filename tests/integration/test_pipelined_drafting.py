@@ -127,3 +127,25 @@ def test_a_long_prompt_opens_with_a_target_only_round_while_the_draft_prefills(f
                                 plain_opening_tokens=len(PROMPT) + 1)  # a prompt shorter than the threshold
     assert drafted_first == expected
     assert read_events(fleet, "drafted-opening")[0].stats.num_draft_tokens > 0
+
+
+def test_cold_sessions_warm_up_a_budget_per_turn_then_speculate_as_alone(target):
+    """A burst of new sessions prefills a piece per driver turn (verdicts are never held up by a whole batch of
+    prompts), and what they then speculate is what a drafter that was never cold drafts."""
+    from draft_worker.pipeline import SpeculationState, speculate_many, warm_up
+    from services.speculative.sampling import SamplingParams
+
+    greedy = SamplingParams()
+    source = DraftSource("d", perturbed_copy(target, scale=0.3, seed=2))
+    contexts = [[(7 * k + index) % target.vocab_size for k in range(30 + 5 * index)] for index in range(3)]
+    states = [SpeculationState(source.new_drafter(), context, 3, greedy, None) for context in contexts]
+    missing = sum(len(context) - 1 for context in contexts)  # 102 prompt tokens to prefill, 16 a turn
+    turns = 0
+    while len(warm_up(states, budget=16)) < len(states):
+        turns += 1
+        assert sum(state.drafter.sequence.length for state in states) == min(16 * turns, missing)
+    assert turns == -(-missing // 16)
+    speculate_many(states)
+    for state, context in zip(states, contexts):
+        alone = source.new_drafter().propose(context, 4, greedy, None).token_ids
+        assert [state.tokens[0], *state.tokens[1:]] == alone

@@ -63,8 +63,7 @@ class DraftEngine:
         pending = []
         for call in calls:
             drafter = call.drafter
-            keep = min(common_prefix_length(drafter.cached_ids, call.context_ids), len(call.context_ids) - 1,
-                       drafter.sequence.length)
+            keep = drafter.kept_prefix(call.context_ids)
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
             pending.append(list(call.context_ids[keep:]))
@@ -83,6 +82,27 @@ class DraftEngine:
         for call, tokens in zip(calls, pending):
             call.drafter.cached_ids.extend(tokens)
         return [row[0] for row in logits]
+
+    def prefill_many(self, items: list[tuple["EngineDrafter", Sequence[int]]], budget: int) -> None:
+        """Feed up to `budget` tokens, in one forward, of what the drafters' sequences lack of their contexts
+        (all but each context's last token, which the next proposal feeds for its logits): a cold session's
+        prompt warmed a piece at a time, off the critical path (draft_worker/pipeline.py warm_up)."""
+        rows, owners = [], []
+        for drafter, context in items:
+            keep = drafter.kept_prefix(context)
+            take = min(len(context) - 1 - keep, budget, self.chunk_size)
+            if take <= 0:
+                continue
+            drafter.sequence.crop(keep)
+            del drafter.cached_ids[keep:]
+            tokens = list(context[keep: keep + take])
+            rows.append(ForwardRow(drafter.sequence, tokens, 0))
+            owners.append((drafter, tokens))
+            budget -= take
+        if rows:
+            self.engine.forward(rows)
+            for drafter, tokens in owners:
+                drafter.cached_ids.extend(tokens)
 
     def propose_many(self, calls: list[DraftCall]) -> list[DraftProposal]:
         """Every call's block, the calls stepped together (at most max(num_draft_tokens) forwards after the
@@ -130,6 +150,15 @@ class EngineDrafter:
                 generator: torch.Generator | None) -> DraftProposal:
         return self.draft_engine.propose_many([DraftCall(self, context_ids, num_draft_tokens, sampling,
                                                          generator)])[0]
+
+    def kept_prefix(self, context_ids: Sequence[int]) -> int:
+        """How much of the context its KV already holds and keeps (short of the last token, fed again for
+        its logits)."""
+        return min(common_prefix_length(self.cached_ids, context_ids), len(context_ids) - 1, self.sequence.length)
+
+    def missing(self, context_ids: Sequence[int]) -> int:
+        """Tokens to prefill before a proposal from this context costs only its draft steps."""
+        return max(0, len(context_ids) - 1 - self.kept_prefix(context_ids))
 
     def release(self) -> None:
         """Free the KV memory; the drafter stays usable (a new, empty sequence)."""
