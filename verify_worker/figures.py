@@ -35,7 +35,11 @@ class WorkerFigures:
     def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.rounds.append((num_draft_tokens, num_accepted))
 
-    def record_step(self, *, rows: int, tokens: int, committed: int, forward_s: float, step_s: float) -> None:
+    def record_step(self, *, rows: int, tokens: int, forward_s: float, step_s: float, streaming_rows: int,
+                    streamed: int) -> None:
+        """streaming_rows: rows of running streams (their prompt done); streamed: the tokens they committed. A
+        prompt's prefill is its time to first token, not a per-token latency, so only streams count there
+        (a prefill chunk sharing their step still slows them, and shows)."""
         counters = self.counters
         counters.steps += 1
         counters.rows += rows
@@ -44,8 +48,8 @@ class WorkerFigures:
         counters.step_s += step_s
         logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", rows, tokens, 1000 * forward_s,
                      1000 * step_s)
-        if committed:  # ms per committed token, as a stream of this step saw it: step time x rows / tokens
-            self.token_ms.extend([1000 * step_s * rows / committed] * min(rows, 8))
+        if streamed:  # ms per committed token, as a stream of this step saw it: step time x rows / tokens
+            self.token_ms.extend([1000 * step_s * streaming_rows / streamed] * min(streaming_rows, 8))
 
     def heartbeat_fields(self) -> dict:
         """The heartbeat's figures: acceptance over recent rounds, p50/p99 per-token latency, the counters."""

@@ -224,6 +224,7 @@ class VerifyWorker:
         sessions = [session for session, _ in chosen]
         num_tokens = sum(s.target.num_pending_tokens if budget is None else min(budget, s.target.num_pending_tokens)
                          for s, budget in chosen)
+        streaming = [s.target.num_uncached <= 1 for s in sessions]  # running streams, not prompts being prefilled
         try:
             forward_started = time.perf_counter()
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
@@ -237,7 +238,9 @@ class VerifyWorker:
         self._publish(items)
         step_s = time.perf_counter() - started
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
-                                 committed=sum(len(result.committed) for result in results if result is not None))
+                                 streaming_rows=sum(streaming),
+                                 streamed=sum(len(result.committed) for result, running in zip(results, streaming)
+                                              if result is not None and running))
         self.sessions.evict_idle()
         return len(sessions)
 
