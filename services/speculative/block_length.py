@@ -114,8 +114,12 @@ class BlockLengthController:
         if alpha is None:
             alpha = self.prior
         candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
-        if rows is None:  # the current load: the target step's rows and the draft worker's sessions
-            return best_block_length(alpha, self.cost, candidates, self.rows, self.draft_sessions)
+        if rows is None:
+            # The current load: the target step's rows and the draft worker's sessions. The step is taken to
+            # hold at least the draft worker's sessions: while drafting starves the verify worker, its steps
+            # run short of rows, and the rows seen would make drafting look cheaper than it is.
+            load = max(self.rows, self.draft_sessions or 1.0)
+            return best_block_length(alpha, self.cost, candidates, load, self.draft_sessions)
         return best_block_length(alpha, self.cost, candidates, rows)  # a what-if at `rows` alike
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:

@@ -154,3 +154,7 @@ def test_a_draft_worker_shared_by_many_sessions_charges_its_batched_step():
     assert controller.num_draft_tokens == 0
     controller.observe_load(16, draft_sessions=2)
     assert controller.num_draft_tokens > 0
+    # 16 sessions on this draft worker whose drafting starves the verify worker (its steps hold 4 rows):
+    # the step drafting would really share is the 16 sessions'
+    controller.observe_load(4, draft_sessions=16)
+    assert controller.num_draft_tokens == 0
