@@ -145,6 +145,9 @@ def test_a_draft_worker_shared_by_many_sessions_charges_its_batched_step():
     assert batched.draft_cost(10) == pytest.approx(20.0 + 6 * 90.0 / 12)
     assert batched.draft_cost(32) == pytest.approx(110.0 + 16 * 90.0 / 12)  # past the last: its slope
     assert flat.draft_cost(16) == 8.0
+    # alone the bonus-token guess overlaps verification; on a shared draft core it is one more step to pay
+    assert batched.round_ms(2, rows=1, draft_sessions=1) == 2 * 8.0 + batched.step_cost(1, 3)
+    assert batched.round_ms(2, rows=4, draft_sessions=4) == 3 * 20.0 + batched.step_cost(4, 3)
     assert best_block_length(0.9, flat, range(1, 9), rows=16)[0] > 0
     assert best_block_length(0.9, batched, range(1, 9), rows=16)[0] == 0
     # with the target step at 16 rows but only 4 sessions on this draft worker, drafting pays again
