@@ -3,7 +3,7 @@
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-const CHART_W = 520, CHART_H = 190, PAD = {left: 46, right: 12, top: 10, bottom: 24};
+const CHART_W = 520, CHART_H = 190, PAD = {left: 46, right: 12, top: 18, bottom: 24};
 
 function svgEl(tag, attrs, text) {
   const el = document.createElementNS(SVG_NS, tag);
@@ -41,6 +41,25 @@ function axes(svg, opts, sc) {
   }
 }
 
+// An SVG path through the points; a null y lifts the pen (a step line first runs on to that x: the value held
+// until then).
+function pathOf(points, sc, step) {
+  let d = "", down = false;
+  for (const [x, y] of points) {
+    const px = sc.x(x).toFixed(1);
+    if (y === null || y === undefined) {
+      if (down && step) d += `H${px}`;
+      down = false;
+      continue;
+    }
+    const py = sc.y(y).toFixed(1);
+    if (!down) d += `M${px},${py}`;
+    else d += step ? `H${px}V${py}` : `L${px},${py}`;
+    down = true;
+  }
+  return d;
+}
+
 // series: [{name, color, points: [[x, y], ...], step}]; bands: [[x0, x1]] shaded (e.g. a hot accelerator)
 function lineChart(container, opts) {
   const svg = frame(container);
@@ -54,18 +73,10 @@ function lineChart(container, opts) {
   }
   axes(svg, opts, sc);
   for (const s of opts.series) {
-    const pts = s.points.filter(([, y]) => y !== null && y !== undefined);
-    if (!pts.length) continue;
-    let d = "";
-    pts.forEach(([x, y], i) => {
-      const px = sc.x(x).toFixed(1), py = sc.y(y).toFixed(1);
-      if (i === 0) d += `M${px},${py}`;
-      else if (s.step) d += `H${px}V${py}`;
-      else d += `L${px},${py}`;
-    });
-    svg.appendChild(svgEl("path", {d, stroke: s.color, class: "series", "data-series": s.name}));
+    const d = pathOf(s.points, sc, s.step);
+    if (d) svg.appendChild(svgEl("path", {d, stroke: s.color, class: "series", "data-series": s.name}));
   }
-  if (opts.empty && !opts.series.some((s) => s.points.length)) {
+  if (opts.empty && !opts.series.some((s) => s.points.some(([, y]) => y !== null && y !== undefined))) {
     svg.appendChild(svgEl("text", {x: CHART_W / 2, y: CHART_H / 2, class: "empty", "text-anchor": "middle"},
                           opts.empty));
   }
@@ -95,4 +106,12 @@ function barChart(container, opts) {
   }
 }
 
-window.MirrorCharts = {lineChart, barChart};
+// The smallest round axis top (4 ticks of 1, 2, 2.5 or 5 x 10^k) that holds `value`.
+function niceMax(value, ticks = 4) {
+  const raw = Math.max(value, 1e-9) / ticks;
+  const magnitude = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((s) => s >= raw);
+  return step * ticks;
+}
+
+window.MirrorCharts = {lineChart, barChart, niceMax};

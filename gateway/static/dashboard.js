@@ -61,7 +61,7 @@ function workerRow(w) {
 
 function workerTable(workers) {
   const head = ["worker", "device", "temp", "util", "sessions", "queue", "KV", "accept", "p99/token", "beat", ""];
-  return el("table", {class: "workers"},
+  return el("table", {class: "workers verify"},
     el("thead", {}, el("tr", {}, ...head.map((h) => el("th", {}, h)))),
     el("tbody", {}, ...workers.map(workerRow)));
 }
@@ -92,12 +92,11 @@ function renderPools(snap) {
   const drafts = snap.workers.filter((w) => w.role === "draft");
   document.getElementById("drafts").replaceChildren(drafts.length
     ? el("table", {class: "workers"},
-        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "device", "util", "sessions", "accept", "beat"]
+        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "beat"]
           .map((h) => el("th", {}, h)))),
         el("tbody", {}, ...drafts.map((w) => el("tr", {"data-worker": w.worker_id},
-          el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {}, w.device_kind),
-          utilCell(w.utilization), el("td", {}, w.num_sessions), el("td", {}, fmt.pct(w.acceptance_rate)),
-          el("td", {}, `${fmt.num(w.age_s)} s`)))))
+          el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {}, w.model),
+          el("td", {}, w.num_sessions), el("td", {}, `${fmt.num(w.age_s)} s`)))))
     : el("p", {class: "muted"}, "no draft worker is heartbeating"));
 }
 
@@ -113,8 +112,9 @@ function renderWeights(snap) {
   const current = snap.routing ? snap.routing.pool_weights : {};
   const pools = [...new Set([...history.flatMap((h) => Object.keys(h.pool_weights)), ...Object.keys(current)])].sort();
   const series = pools.map((pool) => {
-    const points = history.map((h) => [Math.max(h.t, start), h.pool_weights[pool] ?? 0]);
-    if (pool in current) points.push([end, current[pool]]);
+    // a version without the pool (no live worker there yet, or any more) breaks its line
+    const points = history.map((h) => [Math.max(h.t, start), h.pool_weights[pool] ?? null]);
+    points.push([end, current[pool] ?? null]);
     return {name: pool, color: colorOf(pool), step: true, points};
   });
   const bands = [];
@@ -143,14 +143,15 @@ function renderRates(snap) {
   const start = rows.length ? rows[0].t : snap.now - 60, end = rows.length ? rows[rows.length - 1].t : snap.now;
   const ticks = [[start, "-60s"], [start + (end - start) / 2, "-30s"], [end, "now"]];
   const tps = rows.map((r) => [r.t, r.tokens_per_s]);
-  const tpsMax = Math.max(10, ...tps.map(([, v]) => v));
   MirrorCharts.lineChart(document.getElementById("chart-tps"), {
     series: [{name: "tokens/s", color: "#4e9af1", points: tps}], xMin: start, xMax: end, yMin: 0,
-    yMax: Math.ceil(tpsMax * 1.1), yFormat: (v) => fmt.num(v, 0), xTicks: ticks});
+    yMax: MirrorCharts.niceMax(Math.max(10, ...tps.map(([, v]) => v))), yFormat: (v) => fmt.num(v, 0),
+    xTicks: ticks});
+  // seconds in which no request finished have no TTFT: the line joins the seconds that do
   const ttft = rows.filter((r) => r.ttft_ms !== null).map((r) => [r.t, r.ttft_ms]);
   MirrorCharts.lineChart(document.getElementById("chart-ttft"), {
     series: [{name: "ttft", color: "#f28e2b", points: ttft}], xMin: start, xMax: end, yMin: 0,
-    yMax: Math.ceil(Math.max(100, ...ttft.map(([, v]) => v)) * 1.1), yFormat: (v) => fmt.num(v, 0),
+    yMax: MirrorCharts.niceMax(Math.max(100, ...ttft.map(([, v]) => v))), yFormat: (v) => fmt.num(v, 0),
     xTicks: ticks, empty: "no request finished in the last minute"});
 }
 
