@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --quiet
 STAMP := $(VENV)/.installed
 PROMPT ?= Give me three tips for writing clear technical documentation.
 
-.PHONY: install up demo test test-fast clean
+.PHONY: install up demo test test-fast browser clean
 
 install: $(STAMP)
 
@@ -29,7 +29,14 @@ up: install
 demo: install
 	$(BIN)/mirror-sd generate --chat --prompt "$(PROMPT)" --draft ngram --max-new-tokens 128
 
-test: install
+# The dashboard test drives Debian's chromium through playwright (never `playwright install`: no browser
+# downloads). Installed here when missing; needs root or sudo for apt-get.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
+test: install browser
 	$(BIN)/python -m pytest
 
 test-fast: install

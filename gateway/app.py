@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from gateway.dashboard import install_dashboard
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routes import router
@@ -47,4 +48,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Mirror-SD gateway", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(router)
+    install_dashboard(app)
     return app

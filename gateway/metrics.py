@@ -10,6 +10,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from gateway.live_stats import LiveStats
 from services.protocol import Heartbeat, RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -42,10 +43,12 @@ class GatewayMetrics:
         self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r)
         self.fleet = FleetCollector()
         r.register(self.fleet)
+        self.live = LiveStats()  # the same observations per second, for the dashboard
 
     def observe_finished(self, *, endpoint: str, finish_reason: str | None, prompt_tokens: int,
                          completion_tokens: int, ttft_s: float | None, total_s: float, event) -> None:
         self.requests.labels(endpoint, finish_reason or "unknown").inc()
+        self.live.observe_finished(ttft_s=ttft_s, stats=event.stats if event is not None else None)
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         if ttft_s is not None:

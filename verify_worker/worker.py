@@ -57,12 +57,14 @@ class VerifyWorker:
         pool: str,
         scheduler: SchedulerSettings | None = None,
         device: str = "cpu",
+        device_kind: str | None = None,
         profile: dict | None = None,
     ) -> None:
         self.client = client
         self.engine = engine
         self.target = engine.target
         self.device = device
+        self.device_kind = device_kind  # reported instead of the probed kind (worker.device_kind)
         self.profile = profile or {}
         self.scheduler = scheduler or SchedulerSettings()
         self.worker_id = worker_id
@@ -348,7 +350,8 @@ class VerifyWorker:
     def heartbeat(self, ttl_s: float) -> None:
         num_sessions, kv_bytes = self._snapshot
         raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
-        reading = apply_override(read_device(self.device), msgpack.unpackb(raw_override) if raw_override else None)
+        reading = apply_override(read_device(self.device, report_as=self.device_kind),
+                                 msgpack.unpackb(raw_override) if raw_override else None)
         beat = protocol.Heartbeat(
             worker_id=self.worker_id,
             role="verify",

@@ -27,13 +27,13 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
                                    "routing": table.to_dict() if table else None}))
         return
-    typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':6} {'temp':>6} {'util':>5} {'accept':>6} "
+    typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':11} {'temp':>6} {'util':>5} {'accept':>6} "
                f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
     for b in beats:
         temp = f"{b.temperature_c:.0f}C" if b.temperature_c is not None else "-"
         accept = f"{b.acceptance_rate:.2f}" if b.acceptance_rate is not None else "-"
         p99 = f"{b.latency_p99_ms:.0f}" if b.latency_p99_ms is not None else "-"
-        typer.echo(f"{b.worker_id:32} {b.role:7} {b.pool:6} {b.device_kind:6} {temp:>6} {b.utilization:5.2f} "
+        typer.echo(f"{b.worker_id:32} {b.role:7} {b.pool:6} {b.device_kind:11} {temp:>6} {b.utilization:5.2f} "
                    f"{accept:>6} {p99:>7} {b.num_sessions:8d} {time.time() - b.sent_at:4.1f}s")
     if table is None:
         typer.echo("routing: no table yet (is `mirror-sd telemetry run` up?)")

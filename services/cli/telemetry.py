@@ -74,18 +74,28 @@ def telemetry_drill(
     temperature: Annotated[float, typer.Option()] = 90.0,
     url: Annotated[str, typer.Option(help="gateway")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
+    hold: Annotated[str, typer.Option("--hold", help="keep the heat on this long after the reroute (watch the "
+                                      "dashboard), e.g. 10s")] = "3s",
 ) -> None:
-    """Inject a temperature, then time the routing change and the first request that follows it."""
+    """Inject a temperature, time the routing change and the first request that follows it, hold, clear it and
+    time the way back."""
     from services.config import get_settings
     from services.redis_client import connect
     from telemetry.drill import run_drill
+    from telemetry.main import parse_duration
 
     settings = get_settings()
     try:
+        hold_s = parse_duration(hold)
+    except ValueError as exc:
+        fail(f"--hold: {exc}")
+    try:
         result = run_drill(connect(settings.redis_url), worker=worker, temperature=temperature, url=url,
-                           model=settings.gateway.model_name or settings.target, api_key=api_key)
+                           model=settings.gateway.model_name or settings.target, api_key=api_key, hold_s=hold_s)
     except TimeoutError as exc:
         fail(str(exc))
     typer.echo(f"{temperature:.0f} C on {worker}: routing v{result.routing_version} {result.pool_weights} after "
                f"{result.to_routing_change_s * 1000:.0f} ms; first request on pool {result.first_rerouted_pool!r} "
                f"{result.to_first_rerouted_request_s * 1000:.0f} ms after the injection")
+    typer.echo(f"override cleared after {hold_s:.0f}s hold: {worker} cooled, routing back to {result.recovered_weights} "
+               f"after {result.to_recovery_s * 1000:.0f} ms")

@@ -17,24 +17,50 @@ def up(
     auth_disabled: Annotated[bool, typer.Option("--auth-disabled/--auth", help="development only")] = True,
     draft: Annotated[str | None, typer.Option(help="draft spec for the draft worker (default: settings)")] = None,
     pin: Annotated[bool, typer.Option("--pin/--no-pin", help="draft and verify workers on separate cores")] = False,
+    verify_pools: Annotated[str | None, typer.Option(
+        "--verify-pools", help="verify workers per pool, name=count, e.g. accel=1,cpu=1 (default: one worker on "
+        "worker.pool)")] = None,
+    accelerator_pools: Annotated[str | None, typer.Option(
+        "--accelerator-pools", help="pools of --verify-pools whose workers report device kind 'accelerator' "
+        "(thermal drills on a CPU-only box), e.g. accel")] = None,
 ) -> None:
-    """Run the local stack (gateway, draft worker, verify worker) with the built-in model until Ctrl-C."""
+    """Run the local stack (gateway, draft worker, verify workers, telemetry) with the built-in model until Ctrl-C."""
     import signal as signal_lib
     import threading
 
     from services.config import get_settings
+    from services.pools import fallback_pool, parse_verify_pools
     from services.stack import start_stack, stop_children
     from services.storage.db import init_db
 
+    pools = None
+    if accelerator_pools and not verify_pools:
+        fail("--accelerator-pools names pools of --verify-pools; give --verify-pools too (e.g. accel=1,cpu=1)")
+    if verify_pools is not None:
+        try:
+            pools = parse_verify_pools(verify_pools, accelerator_pools)
+            fallback = fallback_pool(pools, get_settings().telemetry.fallback_pool) if any(
+                p.accelerator for p in pools) else None
+        except ValueError as exc:
+            fail(str(exc))
+        apply_env(telemetry__fallback_pool=fallback)
     apply_env(gateway__auth_disabled=str(auth_disabled).lower(), draft=draft)
+    get_settings.cache_clear()  # the flags above are settings now
     service_logging("up")
     settings = get_settings()
     init_db(settings.database_url)  # migrate once, before the children race to it
-    typer.echo(f"starting gateway on :{port}, a draft worker and a verify worker ({settings.target}) ...", err=True)
+    described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])
+    typer.echo(f"starting gateway on :{port}, a draft worker, verify workers "
+               f"{described or 'on ' + settings.worker.pool} ({settings.target}) and telemetry ...", err=True)
     try:
-        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin)
+        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
+                                        verify_pools=pools)
     except RuntimeError as exc:
         fail(str(exc))
+    if private is not None:  # other shells' mirror-sd status / telemetry commands must find this Redis
+        typer.echo(f"private Redis at {private.url}: in another shell, export MIRROR_SD_REDIS_URL={private.url}",
+                   err=True)
+    typer.echo(f"dashboard: http://127.0.0.1:{port}/dashboard", err=True)
     typer.echo(
         f"ready. Try:\n  curl -s localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"model\": \"{settings.target}\", \"messages\": [{{\"role\": \"user\", \"content\": "

@@ -17,10 +17,12 @@ def verify_worker_command(
     pool: Annotated[str | None, typer.Option(help="pool to serve (default settings.worker.pool)")] = None,
     worker_id: Annotated[str | None, typer.Option("--worker-id")] = None,
     threads: Annotated[int | None, typer.Option()] = None,
+    device_kind: Annotated[str | None, typer.Option(
+        "--device-kind", help="report this device kind in heartbeats, e.g. accelerator (drills on a CPU box)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a verify worker: the target model, verifying blocks from its pool and its own queue."""
-    apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads)
+    apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads, worker__device_kind=device_kind)
     from services.config import get_settings
     from verify_worker.main import default_worker_id, run_verify_worker
 

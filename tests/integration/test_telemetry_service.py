@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from services.config import Settings
-from services.protocol import ROUTING_TABLE_KEY, Heartbeat, RoutingTable, heartbeat_key
+from services.protocol import ROUTING_HISTORY_KEY, ROUTING_TABLE_KEY, Heartbeat, RoutingTable, heartbeat_key
 from services.storage import crud
 from services.storage.db import init_db, session_factory
 from telemetry.service import TelemetryService
@@ -48,3 +48,6 @@ def test_tick_writes_table_events_and_snapshots(service):
     assert "worker_dropped" in kinds and "thermal_on" in kinds
     assert sorted(s.worker_id for s in snapshots) == ["c", "c", "g"]  # at t and t + 1.2
     assert next(s for s in snapshots if s.worker_id == "g").temperature_c == 91.0
+    # the dashboard's weights-over-time: one entry per version, newest first
+    history = [RoutingTable.decode(raw) for raw in client.lrange(ROUTING_HISTORY_KEY, 0, -1)]
+    assert [t.version for t in history] == [2, 1] and history[1].hot_workers == ["g"]
