@@ -67,14 +67,18 @@ def run_drill(client: redis.Redis, *, worker: str, temperature: float, url: str,
         changed = time.monotonic() - started
         with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
             while True:  # until a request is routed by the new table (the gateway caches it briefly)
-                body = http.post("/v1/completions", json={"model": model, "prompt": "Drill:", "max_tokens": 1,
-                                                          "temperature": 0}).json()
-                if body["mirror_sd"]["routing_version"] >= table.version:
+                answer = http.post("/v1/completions", json={"model": model, "prompt": "Drill:", "max_tokens": 1,
+                                                            "temperature": 0})
+                body = answer.json() if answer.status_code == 200 else None
+                if body is not None and body["mirror_sd"]["routing_version"] >= table.version:
                     rerouted = time.monotonic() - started
                     pool = body["mirror_sd"]["pool"]
                     break
                 if time.monotonic() - started > timeout_s:
-                    raise TimeoutError("no request was routed by the new table")
+                    why = f" (last answer: HTTP {answer.status_code} {answer.text[:200]})" if body is None else ""
+                    raise TimeoutError(f"no request was routed by the new table{why}")
+                if body is None:  # 503 while the stack warms up or sheds load: as a client would, wait a little
+                    time.sleep(min(1.0, float(answer.headers.get("Retry-After", 1))))
         result = DrillResult(changed, rerouted, table.version, table.pool_weights, pool)
         time.sleep(hold_s)
     finally:

@@ -174,15 +174,16 @@ def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_token
     engine = getattr(drafter, "draft_engine", None)
     if engine is not None:
         for sessions in batch_sessions:
-            profile[f"draft_step_ms_{sessions}"] = _time_draft_batch(engine, sessions, context, num_draft_tokens,
-                                                                     max(1, repeats - 1))
+            profile[f"draft_step_ms_{sessions}"] = _time_draft_batch(engine, sessions, context, vocab_size,
+                                                                     num_draft_tokens, max(1, repeats - 1))
     return profile
 
 
-def _time_draft_batch(engine, sessions: int, context: list[int], num_draft_tokens: int, repeats: int) -> float:
+def _time_draft_batch(engine, sessions: int, context: list[int], vocab_size: int, num_draft_tokens: int,
+                      repeats: int) -> float:
     """Ms of one draft step of `sessions` sessions drafting together (their own contexts), fastest repeat."""
     drafters = [engine.new_drafter() for _ in range(sessions)]
-    contexts = [[(token + 17 * index) % len(context) + 3 for token in context] for index in range(sessions)]
+    contexts = [[(token + 17 * index) % vocab_size for token in context] for index in range(sessions)]
     calls = [DraftCall(drafter, own, num_draft_tokens, SamplingParams(), None)
              for drafter, own in zip(drafters, contexts)]
     timings = []

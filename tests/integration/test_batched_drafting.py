@@ -94,7 +94,7 @@ def test_the_draft_profile_times_batched_steps_of_model_drafts_only():
     from services.engine.profile import measure_draft_profile
 
     target = build_tiny_llama(0)
-    model = measure_draft_profile(DraftSource("self:fp32", target.with_precision("fp32")), TINY_VOCAB,
+    model = measure_draft_profile(DraftSource("self:fp32", target.with_precision("fp32")), 40,
                                   batch_sessions=(3,))
     assert set(model) == {"draft_ms_per_token", "draft_step_ms_3"} and model["draft_step_ms_3"] > 0
     assert set(measure_draft_profile(DraftSource("ngram", None), TINY_VOCAB)) == {"draft_ms_per_token"}

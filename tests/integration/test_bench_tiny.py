@@ -156,7 +156,8 @@ def test_models_profile_prints_the_verify_curve_per_layout(bench_setup):
     assert result.exit_code == 0, result.output
     curves = json.loads(result.output)
     for layout in ("native", "transposed"):
-        assert sorted(curves[layout]) == sorted([f"verify_ms_{n}" for n in range(1, 10)] + ["draft_ms_per_token"])
+        assert sorted(curves[layout]) == sorted([f"verify_ms_{n}" for n in range(1, 10)] + [
+            "draft_ms_per_token", "draft_step_ms_4", "draft_step_ms_16"])  # a model draft: batched steps too
         assert all(value > 0 for value in curves[layout].values())
     bad = CliRunner().invoke(app, ["models", "profile", "--target", str(target), "--layout", "blocked"])
     assert bad.exit_code != 0 and "--layout 'blocked'" in bad.output

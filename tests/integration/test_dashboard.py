@@ -49,6 +49,10 @@ class UpStack:
         # up returns "ready" once both verify workers heartbeat; both pools then need weight in the table
         self.wait_table(lambda t: t.pool_weights.get("accel", 0) > 0 and t.pool_weights.get("cpu", 0) > 0,
                         timeout_s=300)
+        deadline = time.monotonic() + 300  # and the draft worker (its llama.cpp draft measures its profile first)
+        while httpx.get(f"{self.base_url}/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, (self.workdir / "up.log").read_text()[-3000:]
+            time.sleep(0.5)
         return self
 
     def table(self) -> RoutingTable | None:
