@@ -4,7 +4,9 @@ Chromium showing the live workers, then an injected 90 C on the accelerator and 
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,10 +52,16 @@ class UpStack:
         self.wait_table(lambda t: t.pool_weights.get("accel", 0) > 0 and t.pool_weights.get("cpu", 0) > 0,
                         timeout_s=300)
         deadline = time.monotonic() + 300  # and the draft worker (its llama.cpp draft measures its profile first)
-        while httpx.get(f"{self.base_url}/readyz", timeout=5).status_code != 200:
+        while not self.ready():
             assert time.monotonic() < deadline, (self.workdir / "up.log").read_text()[-3000:]
             time.sleep(0.5)
         return self
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:  # the gateway may still be starting after the verify workers heartbeat
+            return False
 
     def table(self) -> RoutingTable | None:
         raw = self.redis.get(ROUTING_TABLE_KEY)
@@ -175,6 +183,9 @@ def test_drill_moves_traffic_to_cpu_and_back(stack):
     drill = stack.cli("telemetry", "drill", "--worker", ACCEL, "--url", stack.base_url, "--hold", "1s")
     assert drill.returncode == 0, drill.stderr
     print(drill.stdout)
-    assert "first request on pool 'cpu'" in drill.stdout and "{'accel': 0.0, 'cpu': 1.0}" in drill.stdout
+    assert "first request on pool 'cpu'" in drill.stdout
+    # the hot pool's share went to cpu; the utilization rule may hand 10% of weight back in the same table
+    shifted = ast.literal_eval(re.search(r"routing v\d+ (\{[^}]*\})", drill.stdout).group(1))
+    assert shifted["accel"] <= 0.1 + 1e-9 and shifted["cpu"] >= 0.9 - 1e-9, drill.stdout
     assert f"{ACCEL} cooled, routing back to" in drill.stdout
     assert stack.table().pool_weights["accel"] > 0
