@@ -100,15 +100,37 @@ class SessionDriver(threading.Thread):
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         logger.info("draft driver %s: verdicts on %s", self.worker_id, self.inbox)
+        backoff = 0.0  # > 0 while Redis is away
         while not self.stopping.is_set():
             try:
                 self.turn()
-            except redis.RedisError:
-                logger.exception("draft driver: Redis error; retrying")
-                time.sleep(0.5)
+                if backoff:
+                    backoff = 0.0
+                    self._resend_in_flight()
+            except redis.RedisError as exc:
+                backoff = min(2.0, max(0.1, backoff * 2))
+                logger.warning("draft driver: Redis error (%s); retrying in %.1fs", exc, backoff)
+                time.sleep(backoff)
             except Exception:  # the process boundary: keep driving the other sessions
                 logger.exception("draft driver: unexpected error")
                 time.sleep(0.1)
+
+    def _resend_in_flight(self) -> None:
+        """After a Redis outage a block or its verdict may be gone (a restart loses the last writes even with
+        AOF): send every block still out once more. A verify worker answers a round it already committed with
+        a resync verdict, so a resend can never commit twice."""
+        waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
+        if not waiting:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle in waiting:
+                flight = handle.session.in_flight
+                queue = protocol.verify_worker_queue(flight.worker) if flight.worker \
+                    else protocol.verify_pool_queue(handle.session.spec.pool)
+                pipe.rpush(queue, flight.payload)
+                flight.sent_at = time.perf_counter()
+            pipe.execute()
+        logger.info("draft driver: Redis is back; re-sent %d blocks in flight", len(waiting))
 
     def turn(self) -> None:
         self._start_new()
@@ -250,9 +272,12 @@ class SessionDriver(threading.Thread):
         with self.client.pipeline(transaction=False) as pipe:
             for handle in handles:
                 pipe.exists(protocol.cancel_key(handle.session.request_id))
-            cancelled = pipe.execute()
-        for handle, flag in zip(handles, cancelled):
-            if flag:
+                pipe.exists(protocol.request_key(handle.session.request_id))
+            flags = pipe.execute()
+        for handle, cancelled, known in zip(handles, flags[::2], flags[1::2]):
+            if not known:  # Redis lost the request (restarted without its data): nobody waits for it
+                self._finish(handle, error=f"request {handle.session.request_id} was lost by Redis")
+            elif cancelled:
                 self._cancel(handle)
         now = time.perf_counter()
         waiting = [h for h in self._handles.values() if h.session.in_flight is not None]

@@ -28,7 +28,7 @@ from services.engine.profile import measure_draft_profile
 from services.models.drafters import DraftSource, load_draft_source
 from services.models.drafters.factory import needs_target_vocab, needs_target_weights, resolve_draft_spec
 from services.protocol import SessionSpec
-from services.redis_client import connect, read_events, read_heartbeats
+from services.redis_client import REQUEST_TTL_S, connect, read_events, read_heartbeats
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
 from services.storage import crud
@@ -58,6 +58,11 @@ class DraftRuntime:
         self.driver = SessionDriver(client=self.client, worker_id=self.worker_id,
                                     verdict_timeout_s=self.settings.worker.verdict_timeout_s)
         self.driver.start()
+
+    @property
+    def instance(self) -> str:
+        """This process of the worker: what leases and owner keys name (gateway/recovery.py)."""
+        return protocol.instance_id(self.worker_id, os.getpid())
 
     def close(self) -> None:
         """Stop the driver thread (sessions still running are abandoned; tests and shutdown)."""
@@ -147,13 +152,15 @@ def _record(runtime: DraftRuntime, request_id: str, **fields) -> None:
 
 
 def _acquire_lease(runtime: DraftRuntime, request_id: str) -> bool:
-    """Become the session's only driver; wait while a live owner holds it. False: already finished."""
+    """Become the session's only driver; wait while a live owner holds it. False: already finished.
+    The owner key names this worker from now on, for gateways watching for a dead owner."""
     client = runtime.client
-    while not client.set(protocol.lease_key(request_id), runtime.worker_id, nx=True, ex=LEASE_TTL_S):
+    while not client.set(protocol.lease_key(request_id), runtime.instance, nx=True, ex=LEASE_TTL_S):
         events = read_events(client, request_id)
         if events and events[-1].finished:
             return False
-        time.sleep(1.0)
+        time.sleep(0.5)
+    client.set(protocol.owner_key(request_id), runtime.instance, ex=REQUEST_TTL_S)
     return True
 
 
@@ -168,7 +175,7 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
         return {"request_id": request_id, "finish_reason": "already_finished"}
 
     def tick(progress: dict) -> None:  # off the hot path: the driver thread never waits on this
-        client.set(protocol.lease_key(request_id), runtime.worker_id, ex=LEASE_TTL_S)
+        client.set(protocol.lease_key(request_id), runtime.instance, ex=LEASE_TTL_S)
         if report is not None:
             report(progress)
 
@@ -224,9 +231,12 @@ class DraftHeartbeat(threading.Thread):
             try:
                 beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
                                           model=runtime.draft_source.spec, profile=runtime.profile,
-                                          num_sessions=runtime.driver.num_sessions)
+                                          num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
+                                          host=socket.gethostname())
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
+            except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
+                logger.warning("draft heartbeat failed: %s", exc)
             except Exception:
                 logger.exception("draft heartbeat failed")
             self.stop.wait(settings.worker.heartbeat_interval_s)

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from gateway.dashboard import install_dashboard
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.generation import router as generation_router
 from gateway.routes import router
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
@@ -31,7 +32,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # every streaming request holds a connection while it waits on its stream: size the pool for
             # the admission limit, and have a burst wait for a connection instead of failing
             redis=aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-                settings.redis_url, max_connections=settings.gateway.max_inflight + 64, timeout=10)),
+                settings.redis_url, max_connections=settings.gateway.max_inflight + 64,
+                timeout=settings.gateway.redis_pool_timeout_s, health_check_interval=30, socket_keepalive=True,
+                retry_on_timeout=True)),
             celery=create_celery_app(settings),
             db=session_factory(engine),
             model=load_served_model(settings),
@@ -47,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Mirror-SD gateway", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.include_router(generation_router)
     app.include_router(router)
     install_dashboard(app)
     return app

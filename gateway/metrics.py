@@ -41,6 +41,11 @@ class GatewayMetrics:
             "mirror_sd:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the block",
             ["position"], registry=r)
         self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r)
+        self.queued = Gauge("mirror_sd:requests_waiting", "Requests waiting for an admission slot", registry=r)
+        self.revived = Counter("mirror_sd:sessions_revived", "Sessions re-sent after their draft worker died",
+                               registry=r)
+        self.lost = Counter("mirror_sd:requests_lost", "Requests whose state Redis lost (ended with an error)",
+                            registry=r)
         self.fleet = FleetCollector()
         r.register(self.fleet)
         self.live = LiveStats()  # the same observations per second, for the dashboard
@@ -70,6 +75,7 @@ class FleetCollector:
     def __init__(self) -> None:
         self.beats: list[Heartbeat] = []
         self.table: RoutingTable | None = None
+        self.restarts: dict[str, int] = {}  # `mirror-sd up`'s supervisor: child name -> restarts
 
     def collect(self):
         readings = {
@@ -101,3 +107,8 @@ class FleetCollector:
         yield weights
         yield version
         yield alerts
+        restarts = GaugeMetricFamily("mirror_sd:child_restarts", "Restarts of each `mirror-sd up` child process "
+                                     "by its supervisor", labels=["child"])
+        for child, count in sorted(self.restarts.items()):
+            restarts.add_metric([child], count)
+        yield restarts

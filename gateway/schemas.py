@@ -15,11 +15,11 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = Field(None, description="default 16 (completions) or the limit (chat)")
+    max_tokens: int | None = Field(None, le=2**31 - 1, description="default 16 (completions) or the limit (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1: off (vLLM extension)")
-    seed: int | None = None
+    top_k: int = Field(0, ge=-1, le=2**31 - 1, description="0 or -1: off (vLLM extension)")
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer, as OpenAI's")
     stop: str | list[str] | None = Field(None, validate_default=True)
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.admission import Admission
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -31,13 +32,28 @@ class GatewayState:
     celery: Celery
     db: sessionmaker[Session]
     model: ServedModel
+    admission: Admission = None  # slots per tier; built from settings when not given
     metrics: object = None  # GatewayMetrics
-    inflight: int = 0
     key_cache: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # hash -> (expiry, id, priority)
     worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)
     routing_cache: tuple[float, object] | None = None  # (expiry, RoutingTable | None)
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
     dashboard_cache: tuple[float, dict] | None = None  # (expiry, /v1/dashboard snapshot)
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            gateway = self.settings.gateway
+            self.admission = Admission(max_inflight=gateway.max_inflight, queue_limit=gateway.queue_limit,
+                                       queue_timeout_s=gateway.queue_timeout_s, tier_share=dict(gateway.tier_share),
+                                       max_inflight_per_key=gateway.max_inflight_per_key)
+
+    @property
+    def inflight(self) -> int:
+        return self.admission.inflight
+
+    @property
+    def draining(self) -> bool:
+        return self.admission.draining
 
 
 def load_served_model(settings: Settings) -> ServedModel:

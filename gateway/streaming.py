@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 
+import redis
+
+from gateway.recovery import RequestLost, check_stalled
 from gateway.state import GatewayState
 from services.engine.stopping import StopStrings
 from services.protocol import OutputEvent, output_stream
@@ -18,16 +22,47 @@ class RequestTimeout(Exception):
     pass
 
 
-async def read_output(state: GatewayState, request_id: str, timeout_s: float) -> AsyncIterator[OutputEvent]:
-    """Yield the request's events in order until the finished one (XREAD blocks on Redis)."""
+STALL_CHECK_S = 2.0  # no event for this long: ask whether the session can still finish (gateway/recovery.py)
+REDIS_OUTAGE_S = 30.0  # Redis unreachable for longer: the request ends with an error
+RECONNECT_BACKOFF_S = (0.1, 2.0)
+
+
+async def read_output(state: GatewayState, request_id: str, timeout_s: float,
+                      priority: int = 1) -> AsyncIterator[OutputEvent]:
+    """Yield the request's events in order until the finished one (XREAD blocks on Redis).
+
+    Rides out a Redis outage (reconnecting with backoff, from the last event read); raises RequestLost when
+    the request's state did not survive it, or when it lasts past REDIS_OUTAGE_S."""
     stream = output_stream(request_id)
     last_id = "0-0"
     deadline = time.monotonic() + timeout_s
+    last_progress = checked_at = time.monotonic()
+    outage_since: float | None = None
+    backoff = RECONNECT_BACKOFF_S[0]
     while True:
-        response = await state.redis.xread({stream: last_id}, block=1000, count=256)
+        try:
+            response = await state.redis.xread({stream: last_id}, block=1000, count=256)
+            if outage_since is not None:  # Redis is back: did it keep this request?
+                logger.info("request %s: Redis is back after %.1fs", request_id, time.monotonic() - outage_since)
+                outage_since, backoff = None, RECONNECT_BACKOFF_S[0]
+                await check_stalled(state, request_id, priority)
+            now = time.monotonic()
+            if not response and now - last_progress >= STALL_CHECK_S and now - checked_at >= STALL_CHECK_S:
+                checked_at = now
+                await check_stalled(state, request_id, priority)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            outage_since = outage_since or now
+            if now - outage_since > REDIS_OUTAGE_S:
+                raise RequestLost(f"the queue (Redis) has been unreachable for {REDIS_OUTAGE_S:.0f}s") from exc
+            logger.warning("request %s: Redis unreachable (%s); retrying in %.1fs", request_id, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(RECONNECT_BACKOFF_S[1], backoff * 2)
+            continue
         for _, entries in response or []:
             for entry_id, fields in entries:
                 last_id = entry_id
+                last_progress = time.monotonic()
                 event = OutputEvent.decode(fields[b"m"])
                 if state.metrics is not None:  # tokens/s as they arrive, not when a long request ends
                     state.metrics.live.add_tokens(len(event.token_ids))

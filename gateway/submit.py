@@ -7,6 +7,7 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 
+from gateway.admission import Rejected, Ticket
 from gateway.auth import Caller
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
@@ -68,33 +69,26 @@ def _create_row(state: GatewayState, **fields) -> None:
         crud.create_request(session=session, **fields)
 
 
-async def submit(
-    state: GatewayState,
-    caller: Caller,
-    *,
-    endpoint: str,
-    prefix: str,
-    params: SamplingFields,
-    prompt_ids: list[int],
-    default_max_tokens: int | None,
-) -> Submitted:
+async def send_session_task(state: GatewayState, request_id: str, priority: int) -> None:
+    """The session's one Celery task (again, for a session whose draft worker died: it resumes)."""
+    await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[request_id],
+                            queue=draft_queue(state.settings.worker.pool), priority=priority, task_id=request_id)
+
+
+async def admit(state: GatewayState, caller: Caller) -> Ticket:
+    """A slot before any other work (the caller gives it back when the request ends, or fails)."""
+    try:
+        return await state.admission.acquire(caller.priority, caller.api_key_id)
+    except Rejected as exc:
+        raise APIError(exc.status_code, exc.message, headers={"Retry-After": str(exc.retry_after_s)},
+                       code="rate_limit_exceeded" if exc.status_code == 429 else "overloaded") from None
+
+
+async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: str, params: SamplingFields,
+                 prompt_ids: list[int], default_max_tokens: int | None) -> Submitted:
+    """Validate, route, write the request row and spec, send the session task. The caller holds a slot."""
     max_new_tokens = resolve_max_tokens(state, params, len(prompt_ids), default_max_tokens)
     _validate(state, params, prompt_ids, max_new_tokens)
-    if state.inflight >= state.settings.gateway.max_inflight:
-        raise APIError(503, "server is at capacity; retry shortly", headers={"Retry-After": "2"})
-    # The slot is taken before the first await, so a burst cannot all pass the check above; the caller
-    # gives it back when the request ends, submit gives it back when it fails.
-    state.inflight += 1
-    try:
-        return await _submit_admitted(state, caller, endpoint=endpoint, prefix=prefix, params=params,
-                                      prompt_ids=prompt_ids, max_new_tokens=max_new_tokens)
-    except BaseException:
-        state.inflight -= 1
-        raise
-
-
-async def _submit_admitted(state: GatewayState, caller: Caller, *, endpoint: str, prefix: str,
-                           params: SamplingFields, prompt_ids: list[int], max_new_tokens: int) -> Submitted:
     draft_pool = state.settings.worker.pool
     route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
     if params.route == "ar":
@@ -137,14 +131,7 @@ async def _submit_admitted(state: GatewayState, caller: Caller, *, endpoint: str
         api_key_id=caller.api_key_id,
     )
     await state.redis.set(request_key(request_id), spec.encode(), ex=REQUEST_TTL_S)
-    await asyncio.to_thread(
-        state.celery.send_task,
-        TASK_RUN_SESSION,
-        args=[request_id],
-        queue=draft_queue(draft_pool),
-        priority=PRIORITY_LEVELS[caller.priority],
-        task_id=request_id,
-    )
+    await send_session_task(state, request_id, spec.priority)
     logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s", request_id, endpoint,
                 len(prompt_ids), max_new_tokens, pool, spec.route, caller.priority)
     return Submitted(request_id, spec)

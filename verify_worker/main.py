@@ -8,6 +8,8 @@ import signal
 import socket
 import threading
 
+import redis
+
 from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
@@ -27,7 +29,9 @@ def _heartbeat_loop(worker: VerifyWorker, stop: threading.Event, interval_s: flo
     while not stop.is_set():
         try:
             worker.heartbeat(ttl_s)
-        except Exception:  # Redis blips must not kill the heartbeat thread
+        except redis.RedisError as exc:  # Redis blips must not kill the heartbeat thread
+            logger.warning("heartbeat failed: %s", exc)
+        except Exception:
             logger.exception("heartbeat failed")
         stop.wait(interval_s)
 

@@ -22,6 +22,8 @@ stream, so its sender moves on instead of waiting.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -86,8 +88,8 @@ class VerifyWorker:
         while not stop.is_set():
             try:
                 self.turn(poll_s)
-            except redis.RedisError:  # Redis gone for a moment: keep the sessions, try again
-                logger.exception("verify worker %s: Redis error; retrying", self.worker_id)
+            except redis.RedisError as exc:  # Redis gone for a moment: keep the sessions, try again
+                logger.warning("verify worker %s: Redis error (%s); retrying", self.worker_id, exc)
                 stop.wait(0.5)
             except Exception:  # the process boundary: one bad turn must not end the worker
                 logger.exception("verify worker %s: unexpected error in a turn", self.worker_id)
@@ -366,6 +368,8 @@ class VerifyWorker:
             temperature_c=reading.temperature_c,
             overridden=list(reading.overridden),
             profile=self.profile,
+            pid=os.getpid(),
+            host=socket.gethostname(),
             **self.figures.heartbeat_fields(),
         )
         self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))

@@ -20,6 +20,7 @@ from services.cli import (
     bench,
     distill,
     draft_worker,
+    drill,
     gateway,
     generate,
     keys,
@@ -55,6 +56,7 @@ def global_options(
 app.add_typer(models.app, name="models")
 app.add_typer(telemetry.app, name="telemetry")
 app.add_typer(keys.app, name="keys")
+app.add_typer(drill.app, name="drill")
 app.command()(generate.generate)
 app.command()(bench.bench)
 app.command()(distill.distill)

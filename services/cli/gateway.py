@@ -33,5 +33,9 @@ def gateway_command(
     service_logging("gateway", worker_id=f"gateway-{socket.gethostname()}-{settings.gateway.port}")
     # json: uvicorn's own config would put text handlers on its loggers; without it they propagate to ours
     log_config = None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG
-    uvicorn.run("gateway.app:create_app", factory=True, host=settings.gateway.host, port=settings.gateway.port,
-                log_level="info", log_config=log_config)
+    from gateway.drain import DrainingServer
+
+    config = uvicorn.Config("gateway.app:create_app", factory=True, host=settings.gateway.host,
+                            port=settings.gateway.port, log_level="info", log_config=log_config,
+                            timeout_graceful_shutdown=5)
+    DrainingServer(config, drain_timeout_s=settings.gateway.drain_timeout_s).run()

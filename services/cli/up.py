@@ -30,9 +30,22 @@ def up(
 
     from services.config import get_settings
     from services.pools import fallback_pool, parse_verify_pools
-    from services.stack import start_stack, stop_children
+    from services.stack import start_stack
+    from services.supervisor import GaveUp
     from services.storage.db import init_db
 
+    stop = threading.Event()
+    signals = []
+
+    def on_signal(signum, _frame) -> None:
+        signals.append(signum)
+        if len(signals) > 1 and supervisor_box:  # a second Ctrl-C: no more waiting
+            supervisor_box[0].kill_all()
+        stop.set()
+
+    supervisor_box: list = []
+    for signum in (signal_lib.SIGINT, signal_lib.SIGTERM):
+        signal_lib.signal(signum, on_signal)
     pools = None
     if accelerator_pools and not verify_pools:
         fail("--accelerator-pools names pools of --verify-pools; give --verify-pools too (e.g. accel=1,cpu=1)")
@@ -53,10 +66,13 @@ def up(
     typer.echo(f"starting gateway on :{port}, a draft worker, verify workers "
                f"{described or 'on ' + settings.worker.pool} ({settings.target}) and telemetry ...", err=True)
     try:
-        children, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
-                                        verify_pools=pools)
+        supervisor, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
+                                          verify_pools=pools, stop=stop)
     except RuntimeError as exc:
+        if stop.is_set():
+            raise typer.Exit(0) from None  # Ctrl-C while starting: stopped, as asked
         fail(str(exc))
+    supervisor_box.append(supervisor)
     if private is not None:  # other shells' mirror-sd status / telemetry commands must find this Redis
         typer.echo(f"private Redis at {private.url}: in another shell, export MIRROR_SD_REDIS_URL={private.url}",
                    err=True)
@@ -67,16 +83,16 @@ def up(
         f"\"Say hello\"}}], \"max_tokens\": 32}}'\nCtrl-C stops everything.",
         err=True,
     )
-    stop = threading.Event()
-    for signum in (signal_lib.SIGINT, signal_lib.SIGTERM):
-        signal_lib.signal(signum, lambda *_: stop.set())
+    code = 0
     try:
-        while not stop.wait(1.0):
-            dead = [name for name, child in children.items() if child.poll() is not None]
-            if dead:
-                typer.echo(f"{', '.join(dead)} exited; stopping the stack", err=True)
-                break
+        while not stop.wait(0.5):
+            supervisor.check()  # restarts a child that died
+    except GaveUp as exc:
+        typer.echo(f"{exc}; stopping the stack", err=True)
+        code = 1
     finally:
-        stop_children(children)
+        typer.echo("stopping: the gateway drains its streams first ...", err=True)
+        supervisor.stop()
         if private is not None:
             private.stop()
+    raise typer.Exit(code)

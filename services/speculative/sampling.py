@@ -17,6 +17,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy; top_k 0 means no top-k; seed None means random."""
@@ -36,7 +39,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW are greedy (as in vLLM): dividing logits by 1e-300 gives inf - inf."""
+        return self.temperature < GREEDY_BELOW
 
     def make_generator(self, offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
         """A seeded generator; `offset` separates the draft's stream from the target's."""
@@ -44,7 +48,7 @@ class SamplingParams:
         if self.seed is None:
             generator.seed()
         else:
-            generator.manual_seed(self.seed + offset)
+            generator.manual_seed((self.seed + offset) % 2**64)
         return generator
 
     def make_stream(self, role: str, index: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
@@ -75,6 +79,7 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         # the best token always survives.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p
+        drop_sorted[:, 0] = False  # rounding in the cumsum must not drop it under a tiny top_p
         drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(dim=-1)

@@ -22,13 +22,13 @@ TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
 class Stack:
     def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
                  draft_concurrency: int = 8, auth: bool = True, verify_pools: list[str] | None = None,
-                 telemetry: bool = False, env: dict[str, str] | None = None) -> None:
+                 telemetry: bool = False, env: dict[str, str] | None = None, redis_url: str | None = None) -> None:
         self.workdir = workdir
         self.pool = pool
         self.port = free_port()
         self.telemetry_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.redis_url = f"{TEST_REDIS}/{redis_db}"
+        self.redis_url = redis_url or f"{TEST_REDIS}/{redis_db}"
         self.database_url = f"sqlite:///{workdir / 'mirror-sd.db'}"
         self.env = {
             **os.environ,
@@ -53,6 +53,11 @@ class Stack:
     def _spawn(self, name: str, command: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the child
         self.processes[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def respawn(self, name: str) -> None:
+        """Start a dead child again with its own command (what `mirror-sd up`'s supervisor does)."""
+        assert self.processes[name].poll() is not None, f"{name} is still running"
+        self._spawn(name, list(self.processes[name].args))
 
     def spawn_verify(self, worker_id: str) -> None:
         command = child_commands(port=self.port, verify_threads=1, draft_threads=1)["verify-worker"]

@@ -1,5 +1,5 @@
-"""A burst over the gateway's admission limit: the excess gets 503 with Retry-After, never a 500, and the
-admitted requests finish."""
+"""A burst over the gateway's admission limit (6 in flight, 6 waiting): the excess gets 503 with Retry-After,
+never a 500, and the admitted requests finish."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     running = Stack(tmp_path_factory.mktemp("admission"), redis_db=14, verify_workers=1, auth=False,
-                    env={"MIRROR_SD_GATEWAY__MAX_INFLIGHT": "6"}).start()
+                    env={"MIRROR_SD_GATEWAY__MAX_INFLIGHT": "6", "MIRROR_SD_GATEWAY__QUEUE_LIMIT": "6",
+                         "MIRROR_SD_GATEWAY__QUEUE_TIMEOUT_S": "1", "MIRROR_SD_DRAFT": "ngram"}).start()
     yield running
     running.stop()
 
@@ -40,3 +41,12 @@ def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(stack
         else:
             assert response.json()["usage"]["completion_tokens"] >= 1
     assert httpx.get(f"{stack.base_url}/readyz").json()["ready"]
+
+
+def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(stack):
+    from telemetry.burst import run_burst
+
+    report = run_burst(stack.base_url, model="smollm2-135m", count=300, max_tokens=2)
+    assert report.only_expected, (report.statuses, report.errors, report.missing_retry_after)
+    assert report.statuses.get("200", 0) >= 1 and report.statuses.get("503", 0) >= 1
+    assert httpx.get(f"{stack.base_url}/metrics").status_code == 200

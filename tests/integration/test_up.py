@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,8 +51,30 @@ def test_up_serves_the_readme_request_and_stops_cleanly(tmp_path):
         )
         assert response.status_code == 200, response.text
         assert "Paris" in response.json()["choices"][0]["message"]["content"]
+
+        # the chaos drill: kill -9 of random workers and a Redis restart under load; the supervisor brings
+        # each back (the private Redis keeps its data in an append-only file) and no request is lost
+        private_url = re.search(r"export MIRROR_SD_REDIS_URL=(\S+)", (tmp_path / "up.log").read_text()).group(1)
+        drill = subprocess.run(
+            [sys.executable, "-m", "services.cli", "drill", "chaos", "--url", f"http://127.0.0.1:{port}", "--kills",
+             "2", "--requests", "4", "--concurrency", "2", "--max-tokens", "24", "--restart-redis",
+             "--out", str(tmp_path / "chaos.json")],
+            env={**env, "MIRROR_SD_REDIS_URL": private_url}, capture_output=True, text=True, timeout=400)
+        assert drill.returncode == 0, drill.stdout + drill.stderr + (tmp_path / "up.log").read_text()[-3000:]
+        report = json.loads((tmp_path / "chaos.json").read_text())
+        assert report["lost"] == report["doubled"] == report["mismatched"] == 0
+        assert report["identical"] == report["requests"] >= 4
+        assert len(report["kills"]) == 2 and all(kill["back_after_s"] is not None for kill in report["kills"])
+        assert report["redis_restart_s"] is not None and up.poll() is None
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        restarts = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith("mirror_sd:child_restarts{")}
+        killed = {"draft-worker" if kill["role"] == "draft" else "verify-worker" for kill in report["kills"]}
+        assert all(restarts.get(name, 0) >= 1 for name in killed | {"redis"}), restarts
+
+        children = psutil.Process(up.pid).children(recursive=True)
         up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=60) == 0
+        assert up.wait(timeout=90) == 0
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, [child.cmdline() for child in alive]
     finally:

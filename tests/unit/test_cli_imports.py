@@ -51,7 +51,7 @@ def test_every_command_is_still_there():
     expected = {"generate", "bench", "distill", "verify-worker", "draft-worker", "up", "status", "gateway",
                 "models", "telemetry", "keys", "models list", "models prepare", "models profile",
                 "models step-profile", "telemetry run", "telemetry inject", "telemetry drill",
-                "keys create", "keys list", "keys revoke"}
+                "keys create", "keys list", "keys revoke", "drill", "drill chaos", "drill burst"}
     assert set(_probe()["commands"]) == expected
 
 

@@ -182,3 +182,14 @@ def test_image_carries_the_dev_prompts_where_the_bench_default_looks():
     from services.bench.prompts import DEV_PROMPTS_PATH
 
     assert DEV_PROMPTS_PATH.relative_to(ROOT) == Path("data/dev_prompts.jsonl")
+
+
+def grace_seconds(service: dict) -> float:
+    text = str(service["stop_grace_period"])
+    return float(text[:-1]) * {"s": 1, "m": 60}[text[-1]]
+
+
+def test_the_gateway_drains_within_its_stop_grace_period():
+    gateway = resolved()["gateway"]
+    drain = float(gateway["environment"]["MIRROR_SD_GATEWAY__DRAIN_TIMEOUT_S"])
+    assert 0 < drain < grace_seconds(gateway)

@@ -44,6 +44,15 @@ def test_top_p_keeps_smallest_set_reaching_p():
     torch.testing.assert_close(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
 
 
+def test_a_denormal_top_p_keeps_the_best_token_over_a_large_vocabulary():
+    """Found by the API fuzzer: top_p=5e-324 over 49k tokens, where the cumsum's rounding left the best
+    token's 'mass before' just above zero and every token was dropped (NaN probabilities)."""
+    logits = torch.randn(4, 49152, generator=torch.Generator().manual_seed(0)) * 5
+    probs = warp_logits(logits, SamplingParams(temperature=1.0, top_p=5e-324))
+    assert not torch.isnan(probs).any()
+    assert probs.argmax(-1).tolist() == logits.argmax(-1).tolist() and (probs > 0).sum(-1).tolist() == [1] * 4
+
+
 def test_seeded_sampling_is_reproducible():
     probs = torch.softmax(torch.randn(4, 50), dim=-1)
     params = SamplingParams(temperature=1.0, seed=1234)
@@ -52,3 +61,10 @@ def test_seeded_sampling_is_reproducible():
     assert torch.equal(first, second)
     # The draft's stream (offset 1) is not the target's.
     assert params.make_generator().initial_seed() != params.make_generator(offset=1).initial_seed()
+
+
+def test_a_vanishing_temperature_is_greedy_not_nan():
+    assert SamplingParams(temperature=5e-324).greedy and SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=1e-3).greedy
+    probs = warp_logits(torch.randn(2, 1000) * 5, SamplingParams(temperature=1e-3))
+    assert not torch.isnan(probs).any()

@@ -1,0 +1,70 @@
+"""A stalled stream: find out whether its session can still finish, and revive it when it can.
+
+The gateway holds the client's connection, so it is the part that notices a
+request stop moving. When no event has come for a while it asks, in order:
+- is the request's state still in Redis? A Redis that restarted without
+  persistence lost it: the request ends with an error the client can retry;
+- did a draft worker take the session (the owner key) and is that worker's
+  heartbeat gone? Then it died mid-session (kill -9, OOM, a lost host): send
+  the session's task again. The new task takes the lease, reads the committed
+  output and resumes from there, so the client's stream neither repeats nor
+  skips a token. One gateway re-sends per dead owner (a SET NX guard).
+Celery's own redelivery of the unacknowledged task (acks_late) comes later,
+after the broker's visibility timeout, and finds the session finished.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.state import GatewayState
+from gateway.submit import send_session_task
+from services import protocol
+
+logger = logging.getLogger(__name__)
+
+# Compare-and-delete: drop the dead owner's lease (else the new task waits out its TTL), never a live one's.
+_RELEASE_LEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RequestLost(Exception):
+    """The request's state is gone (Redis lost it): it cannot finish; the client may retry."""
+
+
+async def owner_alive(redis, instance: str) -> bool:
+    """The owner's worker heartbeats, from the same process (a restarted worker keeps its id, not its pid)."""
+    worker_id, pid = protocol.parse_instance(instance)
+    raw = await redis.get(protocol.heartbeat_key(worker_id))
+    if raw is None:
+        return False
+    try:
+        beat = protocol.Heartbeat.decode(raw)
+    except protocol.ProtocolError:
+        return True  # cannot tell: do not revive on a doubt
+    return not pid or not beat.pid or beat.pid == pid
+
+
+async def check_stalled(state: GatewayState, request_id: str, priority: int) -> bool:
+    """Raises RequestLost when the session cannot finish; True when this call re-sent its task."""
+    redis = state.redis
+    if not await redis.exists(protocol.request_key(request_id)):
+        raise RequestLost(f"request {request_id} was lost by the queue (Redis restarted without its data); "
+                          "retry the request")
+    owner = await redis.get(protocol.owner_key(request_id))
+    if owner is None:  # not started yet: still queued behind others
+        return False
+    owner_id = owner.decode()
+    if await owner_alive(redis, owner_id):
+        return False
+    if not await redis.set(protocol.revive_key(request_id, owner_id), b"1", nx=True, ex=600):
+        return False  # another gateway (or an earlier check) already re-sent it
+    await redis.eval(_RELEASE_LEASE_LUA, 1, protocol.lease_key(request_id), owner_id)
+    await send_session_task(state, request_id, priority)
+    logger.warning("request %s: draft worker %s is gone; re-sent the session, it resumes from its output",
+                   request_id, owner_id)
+    if state.metrics is not None:
+        state.metrics.revived.inc()
+    return True

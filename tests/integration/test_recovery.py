@@ -1,0 +1,89 @@
+"""A stalled stream's check (gateway/recovery.py) against real Redis and a real Celery broker: lost state is
+named, a queued session is left alone, a live owner is left alone, a dead owner's session is re-sent once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from types import SimpleNamespace
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.recovery import RequestLost, check_stalled
+from services import protocol
+from services.celery_app import create_celery_app
+from services.config import Settings
+from tests.integration.fleet import empty_redis
+from tests.integration.stack import TEST_REDIS
+
+DB = 8
+REQUEST = "chatcmpl-recovery"
+
+
+def heartbeat(worker_id: str, pid: int) -> bytes:
+    return protocol.Heartbeat(worker_id=worker_id, role="draft", pool="cpu", pid=pid).encode()
+
+
+def queued_tasks(client, pool: str = "cpu") -> int:
+    return sum(client.llen(key) for key in client.scan_iter(match=f"{protocol.draft_queue(pool)}*")
+               if client.type(key) == b"list")
+
+
+@pytest.fixture
+def world():
+    with empty_redis(DB) as client:
+        settings = Settings(redis_url=f"{TEST_REDIS}/{DB}")
+        client.set(protocol.request_key(REQUEST), protocol.SessionSpec(REQUEST, [1, 2], 8).encode())
+        yield client, settings
+
+
+def check(settings: Settings) -> bool:
+    async def run() -> bool:
+        state = SimpleNamespace(redis=aioredis.Redis.from_url(settings.redis_url), settings=settings,
+                                celery=create_celery_app(settings), metrics=None)
+        try:
+            return await check_stalled(state, REQUEST, priority=1)
+        finally:
+            await state.redis.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_request_redis_lost_is_named(world):
+    client, settings = world
+    client.delete(protocol.request_key(REQUEST))
+    with pytest.raises(RequestLost, match="lost by the queue"):
+        check(settings)
+
+
+def test_a_queued_session_and_a_live_owner_are_left_alone(world):
+    client, settings = world
+    assert check(settings) is False  # no owner yet: the task waits in the queue
+    owner = protocol.instance_id("draft-a", os.getpid())
+    client.set(protocol.owner_key(REQUEST), owner)
+    client.set(protocol.heartbeat_key("draft-a"), heartbeat("draft-a", os.getpid()))
+    assert check(settings) is False and queued_tasks(client) == 0
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["heartbeat-gone", "same-id-new-process"])
+def test_a_dead_owner_is_revived_once_and_its_lease_released(world, restarted):
+    client, settings = world
+    dead = protocol.instance_id("draft-a", 4_000_001)
+    client.set(protocol.owner_key(REQUEST), dead)
+    client.set(protocol.lease_key(REQUEST), dead)
+    if restarted:  # the supervisor started the worker again under the same id: a new pid heartbeats
+        client.set(protocol.heartbeat_key("draft-a"), heartbeat("draft-a", 4_000_002))
+    assert check(settings) is True
+    assert client.get(protocol.lease_key(REQUEST)) is None
+    assert queued_tasks(client) == 1
+    assert check(settings) is False and queued_tasks(client) == 1  # one re-send per dead owner
+
+
+def test_a_live_lease_of_another_process_is_never_released(world):
+    client, settings = world
+    client.set(protocol.owner_key(REQUEST), protocol.instance_id("draft-a", 4_000_001))
+    live = protocol.instance_id("draft-b", os.getpid())
+    client.set(protocol.lease_key(REQUEST), live)  # a newer owner already took it
+    check(settings)
+    assert client.get(protocol.lease_key(REQUEST)) == live.encode()

@@ -1,0 +1,140 @@
+"""Admission slots: tier shares, the bounded wait queue in tier order, per-key 429, drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission import Admission, Rejected, tier_limit
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_tier_limits_keep_the_last_slots_for_higher_tiers():
+    assert [tier_limit(10, share) for share in (1.0, 0.9, 0.75)] == [10, 9, 7]
+    assert tier_limit(1, 0.5) == 1  # never zero: every tier can be served on an idle server
+
+
+def test_full_tier_with_no_queue_is_rejected_at_once_with_503():
+    async def scenario():
+        admission = Admission(max_inflight=4, queue_limit=0)
+        tickets = [await admission.acquire("low") for _ in range(3)]
+        with pytest.raises(Rejected) as low:
+            await admission.acquire("low")
+        high = await admission.acquire("high")  # the slot low may not take
+        assert admission.inflight == 4
+        with pytest.raises(Rejected):
+            await admission.acquire("high")
+        return low.value, tickets, high
+
+    rejected, _, _ = run(scenario())
+    assert rejected.status_code == 503 and rejected.retry_after_s >= 1 and "capacity" in rejected.message
+
+
+def test_waiting_requests_are_granted_in_tier_order_then_arrival_order():
+    async def scenario():
+        admission = Admission(max_inflight=1, queue_limit=8, queue_timeout_s=5)
+        first = await admission.acquire("normal")
+        order: list[str] = []
+
+        async def wait(name: str, tier: str):
+            ticket = await admission.acquire(tier)
+            order.append(name)
+            await asyncio.sleep(0)
+            admission.release(ticket)
+
+        tasks = [asyncio.create_task(wait(name, tier)) for name, tier in
+                 (("low-1", "low"), ("normal-1", "normal"), ("high-1", "high"), ("normal-2", "normal"))]
+        await asyncio.sleep(0.01)
+        assert admission.queued == 4
+        admission.release(first)
+        await asyncio.gather(*tasks)
+        return order, admission
+
+    order, admission = run(scenario())
+    assert order == ["high-1", "normal-1", "normal-2", "low-1"]
+    assert admission.inflight == 0 and admission.queued == 0
+
+
+def test_a_wait_that_runs_out_is_a_503_and_leaves_no_slot_behind():
+    async def scenario():
+        admission = Admission(max_inflight=1, queue_limit=4, queue_timeout_s=0.05)
+        held = await admission.acquire("normal")
+        with pytest.raises(Rejected):
+            await admission.acquire("normal")
+        assert admission.queued == 0
+        admission.release(held)
+        admission.release(held)  # idempotent
+        return admission
+
+    admission = run(scenario())
+    assert admission.inflight == 0
+
+
+def test_a_full_queue_rejects_without_waiting():
+    async def scenario():
+        admission = Admission(max_inflight=1, queue_limit=1, queue_timeout_s=5)
+        await admission.acquire("normal")
+        waiter = asyncio.create_task(admission.acquire("normal"))
+        await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(Rejected):
+            await admission.acquire("normal")
+        waiter.cancel()
+        return loop.time() - started
+
+    assert run(scenario()) < 0.05
+
+
+def test_a_key_over_its_own_limit_gets_429_while_others_are_served():
+    async def scenario():
+        admission = Admission(max_inflight=10, max_inflight_per_key=2)
+        tickets = [await admission.acquire("normal", key=7) for _ in range(2)]
+        with pytest.raises(Rejected) as over:
+            await admission.acquire("normal", key=7)
+        await admission.acquire("normal", key=8)
+        admission.release(tickets[0])
+        again = await admission.acquire("normal", key=7)
+        return over.value, again
+
+    over, again = run(scenario())
+    assert over.status_code == 429 and "in flight" in over.message and again is not None
+
+
+def test_drain_refuses_new_requests_and_answers_the_waiting_ones():
+    async def scenario():
+        admission = Admission(max_inflight=1, queue_limit=4, queue_timeout_s=5)
+        held = await admission.acquire("normal")
+        waiter = asyncio.create_task(admission.acquire("high"))
+        await asyncio.sleep(0.01)
+        admission.drain()
+        with pytest.raises(Rejected) as waited:
+            await waiter
+        with pytest.raises(Rejected) as new:
+            await admission.acquire("high")
+        admission.release(held)
+        return waited.value, new.value, admission
+
+    waited, new, admission = run(scenario())
+    assert waited.status_code == new.status_code == 503 and "shutting down" in new.message
+    assert admission.inflight == 0
+
+
+def test_a_cancelled_waiter_leaves_the_queue():
+    async def scenario():
+        admission = Admission(max_inflight=1, queue_limit=4, queue_timeout_s=5)
+        held = await admission.acquire("normal")
+        waiter = asyncio.create_task(admission.acquire("normal"))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        admission.release(held)
+        return admission
+
+    admission = run(scenario())
+    assert admission.queued == 0 and admission.inflight == 0
