@@ -3,9 +3,10 @@
 A request takes a slot before any other work (tokenization, SQL, Redis), so a
 burst is answered at the cost of a counter check. Each tier may fill its share
 of `max_inflight` (high 100%, normal 90%, low 75% by default): the last slots
-are kept for higher tiers. When its tier is full a request waits in a bounded
-queue for up to `queue_timeout_s`, higher tiers served first; a full queue or
-a wait that runs out answers 503 with Retry-After at once. A key with more
+are kept for higher tiers. A full tier answers 503 with Retry-After at once;
+with `queue_limit` > 0 up to that many requests may instead wait for a slot,
+for at most `queue_timeout_s`, higher tiers served first (a wait that runs
+out is a 503 too, and a slow one: keep it short where refusals must be quick). A key with more
 than `max_inflight_per_key` requests in flight gets 429: it is over its own
 limit, not the server.
 
@@ -46,8 +47,8 @@ class Ticket:
 @dataclass
 class Admission:
     max_inflight: int
-    queue_limit: int = 256
-    queue_timeout_s: float = 5.0
+    queue_limit: int = 0
+    queue_timeout_s: float = 1.0
     tier_share: dict[str, float] = field(default_factory=lambda: {"high": 1.0, "normal": 0.9, "low": 0.75})
     max_inflight_per_key: int = 0  # 0: no per-key limit
     retry_after_s: int = 2

@@ -107,8 +107,9 @@ class GatewaySettings(BaseModel):
     tier_share: dict[Literal["high", "normal", "low"], float] = Field(
         default_factory=lambda: {"high": 1.0, "normal": 0.9, "low": 0.75},
         description="share of max_inflight each priority tier may fill (the rest is kept for higher tiers)")
-    queue_limit: int = Field(256, ge=0, description="requests waiting for a slot; beyond it 503 at once")
-    queue_timeout_s: float = Field(5.0, ge=0, description="longest wait for a slot before 503")
+    queue_limit: int = Field(0, ge=0, description="requests that may wait for a slot (0: none, a full tier is "
+                             "503 at once); beyond it 503 at once")
+    queue_timeout_s: float = Field(1.0, ge=0, description="longest wait for a slot before 503")
     max_inflight_per_key: int = Field(0, ge=0, description="requests in flight per API key before 429 (0: none)")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
     redis_pool_timeout_s: float = Field(10.0, gt=0, description="wait for a free Redis connection before 503")

@@ -4,9 +4,11 @@ A child that exits is started again after a backoff (0.5 s, doubling to 10 s;
 back to 0.5 s once it has stayed up 30 s), with a log line and a count in
 Redis (`RESTARTS_KEY`) that the gateway exports as
 `mirror_sd:child_restarts{child=...}`. The stack never stops for one child.
-A child that keeps failing at start-up (it never stays up) is a
-configuration problem, not a crash: after `max_quick_failures` the supervisor
-gives up and says which child and where its log is.
+A child that keeps exiting on its own soon after it starts (it never stays
+up 30 s) is a configuration problem, not a crash: after `max_quick_failures`
+the supervisor gives up and says which child and where its log is. A child
+killed by a signal after its first seconds (kill -9, the OOM killer) is
+always started again at once.
 
 Children run in their own sessions, so a terminal's Ctrl-C reaches only the
 supervisor, which then stops them in order: gateway first (it drains its
@@ -79,6 +81,7 @@ class Supervisor:
     children: dict[str, Child]
     on_restart: Callable[[str, int], None] | None = None  # (name, restarts so far), e.g. count it in Redis
     stable_s: float = 30.0
+    min_up_s: float = 5.0  # a signal death after this long resets the backoff
     max_quick_failures: int = 5
     base_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
@@ -104,7 +107,10 @@ class Supervisor:
             if child.restart_at is None and not child.alive:
                 code = child.process.returncode if child.process is not None else None
                 lived = now - child.started_at
-                child.failures = 1 if lived >= self.stable_s else child.failures + 1
+                # a child killed by a signal after it got going (kill -9, the OOM killer) is not a
+                # configuration error: restart it at once, however often it happens
+                killed = code is not None and code < 0 and lived >= self.min_up_s
+                child.failures = 1 if lived >= self.stable_s or killed else child.failures + 1
                 if child.failures > self.max_quick_failures:
                     raise GaveUp(f"{child.name} exited {child.failures} times in a row within {self.stable_s:.0f}s "
                                  f"of starting (last exit code {code})"

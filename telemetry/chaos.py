@@ -114,9 +114,11 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, max_t
                 if not done or token_ids is None:
                     return Outcome(prompt.id, None, "stream ended without [DONE]")
                 return Outcome(prompt.id, token_ids)
+        except httpx.ConnectError:  # never reached the gateway (a restart): nothing was sent, ask again
+            await asyncio.sleep(1.0)
         except httpx.HTTPError as exc:
             return Outcome(prompt.id, None, f"{type(exc).__name__}: {exc}")
-    return Outcome(prompt.id, None, "503 for 30 attempts")
+    return Outcome(prompt.id, None, "503 or no connection for 30 attempts")
 
 
 async def _run_all(url: str, model: str, prompts: list[BenchPrompt], concurrency: int, max_tokens: int,

@@ -37,5 +37,8 @@ def gateway_command(
 
     config = uvicorn.Config("gateway.app:create_app", factory=True, host=settings.gateway.host,
                             port=settings.gateway.port, log_level="info", log_config=log_config,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5,
+                            # longer than clients keep idle connections (httpx: 5 s), so a client never
+                            # reuses a connection the server is closing at that moment
+                            timeout_keep_alive=75)
     DrainingServer(config, drain_timeout_s=settings.gateway.drain_timeout_s).run()

@@ -82,3 +82,19 @@ def test_stop_waits_for_each_group_and_kills_what_outlives_its_grace(tmp_path):
     assert supervisor.children["gateway"].process.returncode == -signal.SIGKILL
     assert supervisor.children["telemetry"].process.returncode == -signal.SIGTERM
     assert supervisor.check() == []  # a stopping supervisor restarts nothing
+
+
+def test_a_child_killed_again_and_again_is_always_restarted_at_once(tmp_path):
+    supervisor = Supervisor({"draft-worker": child("draft-worker", SLEEPER, tmp_path)}, max_quick_failures=2,
+                            min_up_s=0.2, base_backoff_s=0.05)
+    supervisor.start()
+    try:
+        for kill in range(4):  # more kills than quick failures allowed: a kill is not a failing start
+            time.sleep(0.3)
+            process = supervisor.children["draft-worker"].process
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+            wait_for(lambda: supervisor.check() == ["draft-worker"], timeout_s=2)
+        assert supervisor.children["draft-worker"].restarts == 4
+    finally:
+        supervisor.stop(grace_s=5)
