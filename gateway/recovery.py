@@ -8,7 +8,9 @@ request stop moving. When no event has come for a while it asks, in order:
   heartbeat gone? Then it died mid-session (kill -9, OOM, a lost host): send
   the session's task again. The new task takes the lease, reads the committed
   output and resumes from there, so the client's stream neither repeats nor
-  skips a token. One gateway re-sends per dead owner (a SET NX guard).
+  skips a token. One gateway re-sends per dead owner (a SET NX guard);
+- never started, for 30 s, while draft workers have room? Its task died with
+  a worker that had just taken it off the queue: send it again.
 Celery's own redelivery of the unacknowledged task (acks_late) comes later,
 after the broker's visibility timeout, and finds the session finished.
 """
@@ -19,6 +21,7 @@ import logging
 
 from gateway.state import GatewayState
 from gateway.submit import send_session_task
+from gateway.workers import live_workers
 from services import protocol
 
 logger = logging.getLogger(__name__)
@@ -28,6 +31,9 @@ _RELEASE_LEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+UNSTARTED_RESEND_S = 30.0
 
 
 class RequestLost(Exception):
@@ -47,15 +53,38 @@ async def owner_alive(redis, instance: str) -> bool:
     return not pid or not beat.pid or beat.pid == pid
 
 
-async def check_stalled(state: GatewayState, request_id: str, priority: int) -> bool:
+async def _resend_unstarted(state: GatewayState, request_id: str, priority: int, stalled_s: float) -> bool:
+    """A task a draft worker had taken off the queue but not yet started when it was killed is gone (kombu
+    moves a message to its unacknowledged index in a second step). Unstarted for UNSTARTED_RESEND_S while
+    the pool's draft workers have free task slots means it is not waiting its turn: send it again. Were
+    it only slow, the extra task finds the lease held and then the session finished."""
+    if stalled_s < UNSTARTED_RESEND_S:
+        return False
+    limit = state.settings.worker.draft_concurrency
+    beats = await live_workers(state)
+    if not any(b.role == "draft" and b.pool == state.settings.worker.pool and b.num_sessions < limit
+               for b in beats):
+        return False  # no draft worker with room (all busy, or one restarting): it is waiting its turn
+    if not await state.redis.set(protocol.revive_key(request_id, "unstarted"), b"1", nx=True,
+                                 ex=int(UNSTARTED_RESEND_S)):
+        return False
+    await send_session_task(state, request_id, priority)
+    logger.warning("request %s: not started after %.0fs while draft workers have room; re-sent its task",
+                   request_id, stalled_s)
+    if state.metrics is not None:
+        state.metrics.revived.inc()
+    return True
+
+
+async def check_stalled(state: GatewayState, request_id: str, priority: int, stalled_s: float = 0.0) -> bool:
     """Raises RequestLost when the session cannot finish; True when this call re-sent its task."""
     redis = state.redis
     if not await redis.exists(protocol.request_key(request_id)):
         raise RequestLost(f"request {request_id} was lost by the queue (Redis restarted without its data); "
                           "retry the request")
     owner = await redis.get(protocol.owner_key(request_id))
-    if owner is None:  # not started yet: still queued behind others
-        return False
+    if owner is None:  # not started: queued behind others, or its task died with a worker before it started
+        return await _resend_unstarted(state, request_id, priority, stalled_s)
     owner_id = owner.decode()
     if await owner_alive(redis, owner_id):
         return False

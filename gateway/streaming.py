@@ -49,7 +49,7 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float,
             now = time.monotonic()
             if not response and now - last_progress >= STALL_CHECK_S and now - checked_at >= STALL_CHECK_S:
                 checked_at = now
-                await check_stalled(state, request_id, priority)
+                await check_stalled(state, request_id, priority, stalled_s=now - last_progress)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             now = time.monotonic()
             outage_since = outage_since or now

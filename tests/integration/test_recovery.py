@@ -38,12 +38,12 @@ def world():
         yield client, settings
 
 
-def check(settings: Settings) -> bool:
+def check(settings: Settings, stalled_s: float = 2.0) -> bool:
     async def run() -> bool:
         state = SimpleNamespace(redis=aioredis.Redis.from_url(settings.redis_url), settings=settings,
-                                celery=create_celery_app(settings), metrics=None)
+                                celery=create_celery_app(settings), metrics=None, worker_cache=None)
         try:
-            return await check_stalled(state, REQUEST, priority=1)
+            return await check_stalled(state, REQUEST, priority=1, stalled_s=stalled_s)
         finally:
             await state.redis.aclose()
 
@@ -87,3 +87,13 @@ def test_a_live_lease_of_another_process_is_never_released(world):
     client.set(protocol.lease_key(REQUEST), live)  # a newer owner already took it
     check(settings)
     assert client.get(protocol.lease_key(REQUEST)) == live.encode()
+
+
+def test_a_task_lost_before_it_started_is_re_sent_once_draft_workers_have_room(world):
+    """kill -9 between kombu's pop and its unacknowledged-index write loses a task: no owner ever."""
+    client, settings = world
+    assert check(settings, stalled_s=60) is False  # no draft worker with room (e.g. one restarting): wait
+    client.set(protocol.heartbeat_key("draft-a"), heartbeat("draft-a", os.getpid()))
+    assert check(settings, stalled_s=5) is False  # not long enough: it may be waiting its turn
+    assert check(settings, stalled_s=60) is True and queued_tasks(client) == 1
+    assert check(settings, stalled_s=61) is False and queued_tasks(client) == 1  # once per 30 s
