@@ -68,11 +68,7 @@ async def _resend_unstarted(state: GatewayState, request_id: str, priority: int,
     if not await state.redis.set(protocol.revive_key(request_id, "unstarted"), b"1", nx=True,
                                  ex=int(UNSTARTED_RESEND_S)):
         return False
-    await send_session_task(state, request_id, priority)
-    logger.warning("request %s: not started after %.0fs while draft workers have room; re-sent its task",
-                   request_id, stalled_s)
-    if state.metrics is not None:
-        state.metrics.revived.inc()
+    await _resend(state, request_id, priority, f"not started after {stalled_s:.0f}s while draft workers have room")
     return True
 
 
@@ -91,9 +87,12 @@ async def check_stalled(state: GatewayState, request_id: str, priority: int, sta
     if not await redis.set(protocol.revive_key(request_id, owner_id), b"1", nx=True, ex=600):
         return False  # another gateway (or an earlier check) already re-sent it
     await redis.eval(_RELEASE_LEASE_LUA, 1, protocol.lease_key(request_id), owner_id)
+    await _resend(state, request_id, priority, f"draft worker {owner_id} is gone")
+    return True
+
+
+async def _resend(state: GatewayState, request_id: str, priority: int, why: str) -> None:
     await send_session_task(state, request_id, priority)
-    logger.warning("request %s: draft worker %s is gone; re-sent the session, it resumes from its output",
-                   request_id, owner_id)
+    logger.warning("request %s: %s; re-sent the session, it resumes from its output", request_id, why)
     if state.metrics is not None:
         state.metrics.revived.inc()
-    return True
