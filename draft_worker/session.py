@@ -104,7 +104,9 @@ class DraftSession:
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                                        seed=spec.seed)
         self._streams: dict[int, torch.Generator] = {}  # round -> its draft stream (sampling)
-        self.sticky_worker: str | None = None
+        # the first block goes where the gateway found a similar request's KV (cache affinity), a resumed
+        # session's to the worker that committed its last round; a worker gone by then is failed over as always
+        self.sticky_worker: str | None = (events[-1].worker_id if events else spec.verify_worker) or None
         self.reply_to = reply_to
         self.pipelined = pipelined and self.drafter is not None
         # The first block: target-only while the draft prefills its KV, speculating the block after it

@@ -46,6 +46,12 @@ class GatewayMetrics:
                                registry=r)
         self.lost = Counter("mirror_sd:requests_lost", "Requests whose state Redis lost (ended with an error)",
                             registry=r)
+        self.prefix_queries = Counter("mirror_sd:prefix_cache_queries", "Prompt tokens of finished requests (the "
+                                      "prefix cache was asked for them)", registry=r)
+        self.prefix_hits = Counter("mirror_sd:prefix_cache_hits", "Prompt tokens whose KV was reused, not prefilled",
+                                   registry=r)
+        self.affinity_routed = Counter("mirror_sd:affinity_routed", "Requests sent to the verify worker holding a "
+                                       "similar recent request's KV", registry=r)
         self.fleet = FleetCollector()
         r.register(self.fleet)
         self.live = LiveStats()  # the same observations per second, for the dashboard
@@ -55,12 +61,14 @@ class GatewayMetrics:
         self.requests.labels(endpoint, finish_reason or "unknown").inc()
         self.live.observe_finished(ttft_s=ttft_s, stats=event.stats if event is not None else None)
         self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_queries.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         if ttft_s is not None:
             self.ttft.observe(ttft_s)
             if completion_tokens > 1:
                 self.tpot.observe((total_s - ttft_s) / (completion_tokens - 1))
         if event is not None:
+            self.prefix_hits.inc(event.num_cached_tokens)
             stats = event.stats
             self.num_drafts.inc(stats.num_drafts)
             self.num_draft_tokens.inc(stats.num_draft_tokens)
@@ -85,6 +93,12 @@ class FleetCollector:
             "sessions": ("Sessions held by the worker", lambda b: b.num_sessions),
             "batch_rows": ("Verify workers: mean rows per target step", lambda b: b.batch_rows if b.role == "verify"
                            else None),
+            "prefix_hits": ("Verify workers: sessions started from another sequence's prefix (cumulative)",
+                            lambda b: b.prefix_cache.get("hits")),
+            "prefix_reused_tokens": ("Verify workers: KV positions copied instead of prefilled (cumulative)",
+                                     lambda b: b.prefix_cache.get("reused_tokens")),
+            "prefix_retired_bytes": ("Verify workers: KV bytes of finished sessions kept for prefix reuse",
+                                     lambda b: b.prefix_cache.get("retired_bytes")),
         }
         for name, (doc, read) in readings.items():
             family = GaugeMetricFamily(f"mirror_sd:worker_{name}", doc, labels=["worker", "role", "pool"])

@@ -7,7 +7,9 @@ import time
 from dataclasses import dataclass
 
 from gateway.errors import APIError
+from gateway.similarity import Similar
 from gateway.state import GatewayState
+from gateway.workers import live_workers
 from services.config import TelemetrySettings
 from services.protocol import ROUTING_TABLE_KEY, RoutingTable
 
@@ -51,7 +53,38 @@ def choose_route(table: RoutingTable | None, *, default_pool: str, num_prompt_to
     if degraded and priority == "low":
         raise APIError(503, f"pool {pool!r} is over its latency budget; low-priority requests are shed",
                        headers={"Retry-After": "5"})
+    return _route_in(table, pool)
+
+
+def _route_in(table: RoutingTable, pool: str) -> Route:
+    degraded = pool in table.degraded_pools
     return Route(pool, "ar" if pool in table.ar_pools else "sd", 2 if degraded else None, table.version)
+
+
+def choose_affinity(route: Route, similar: list[Similar], *, table: RoutingTable | None,
+                    verify_pools: dict[str, str]) -> tuple[Route, Similar | None]:
+    """The most similar recent request whose verify worker may take this one: alive (verify_pools: live
+    worker -> its pool), not hot, and in the chosen pool or another the table gives traffic and does not
+    degrade. The route moves to that worker's pool; without one, the route stays as it was."""
+    hot = set(table.hot_workers) if table is not None else set()
+    for item in similar:
+        pool = verify_pools.get(item.worker_id)
+        if pool is None or item.worker_id in hot:
+            continue
+        if pool == route.pool:
+            return route, item
+        if table is not None and table.pool_weights.get(pool, 0) > 0 and pool not in table.degraded_pools:
+            return _route_in(table, pool), item
+    return route, None
+
+
+async def affinity_route(state: GatewayState, route: Route, sketch) -> tuple[Route, Similar | None]:
+    """Cache affinity for a request whose prompt sketch is `sketch` (gateway/similarity.py)."""
+    similar = state.similarity.most_similar(sketch) if state.similarity is not None else []
+    if not similar:
+        return route, None
+    verify_pools = {beat.worker_id: beat.pool for beat in await live_workers(state) if beat.role == "verify"}
+    return choose_affinity(route, similar, table=await current_table(state), verify_pools=verify_pools)
 
 
 async def current_table(state: GatewayState) -> RoutingTable | None:

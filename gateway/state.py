@@ -11,6 +11,7 @@ from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.admission import Admission
+from gateway.similarity import SimilarityIndex
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class GatewayState:
     routing_cache: tuple[float, object] | None = None  # (expiry, RoutingTable | None)
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
     dashboard_cache: tuple[float, dict] | None = None  # (expiry, /v1/dashboard snapshot)
+    similarity: SimilarityIndex | None = None  # recent prompts, for cache-affinity routing (None: off)
 
     def __post_init__(self) -> None:
         if self.admission is None:
@@ -46,6 +48,8 @@ class GatewayState:
             self.admission = Admission(max_inflight=gateway.max_inflight, queue_limit=gateway.queue_limit,
                                        queue_timeout_s=gateway.queue_timeout_s, tier_share=dict(gateway.tier_share),
                                        max_inflight_per_key=gateway.max_inflight_per_key)
+        if self.similarity is None and self.settings.merging.similarity_routing:
+            self.similarity = SimilarityIndex(self.settings.merging)
 
     @property
     def inflight(self) -> int:

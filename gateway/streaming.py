@@ -64,6 +64,8 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float,
                 last_id = entry_id
                 last_progress = time.monotonic()
                 event = OutputEvent.decode(fields[b"m"])
+                if state.similarity is not None and event.worker_id:
+                    state.similarity.note_worker(request_id, event.worker_id)
                 if state.metrics is not None:  # tokens/s as they arrive, not when a long request ends
                     state.metrics.live.add_tokens(len(event.token_ids))
                 yield event
@@ -110,6 +112,7 @@ def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
     return {
         "request_id": request_id,
         "num_rounds": event.seq + 1 if event else 0,  # one output event per verified round
+        "num_cached_tokens": event.num_cached_tokens if event else 0,  # prompt tokens reused, not prefilled
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
         "num_accepted_tokens": stats.num_accepted_tokens,

@@ -12,7 +12,7 @@ from gateway.auth import Caller
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
-from gateway.routing import route_request
+from gateway.routing import affinity_route, route_request
 from gateway.workers import missing_roles
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
@@ -91,6 +91,10 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
     _validate(state, params, prompt_ids, max_new_tokens)
     draft_pool = state.settings.worker.pool
     route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
+    sketch = state.similarity.sketch(prompt_ids) if state.similarity is not None else None
+    similar = None
+    if sketch is not None:
+        route, similar = await affinity_route(state, route, sketch)
     if params.route == "ar":
         route = replace(route, route="ar")
     pool = route.pool
@@ -115,6 +119,7 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
         route=route.route,
         max_draft_tokens=route.max_draft_tokens,
         routing_version=route.table_version,
+        verify_worker=similar.worker_id if similar is not None else None,
     )
     await asyncio.to_thread(
         _create_row,
@@ -132,6 +137,12 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
     )
     await state.redis.set(request_key(request_id), spec.encode(), ex=REQUEST_TTL_S)
     await send_session_task(state, request_id, spec.priority)
-    logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s", request_id, endpoint,
-                len(prompt_ids), max_new_tokens, pool, spec.route, caller.priority)
+    if sketch is not None:
+        state.similarity.add(request_id, sketch)
+    if similar is not None and state.metrics is not None:
+        state.metrics.affinity_routed.inc()
+    logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s%s", request_id,
+                endpoint, len(prompt_ids), max_new_tokens, pool, spec.route, caller.priority,
+                f", similar to {similar.request_id} ({similar.similarity:.2f}): verify worker {similar.worker_id}"
+                if similar is not None else "")
     return Submitted(request_id, spec)

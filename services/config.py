@@ -149,7 +149,24 @@ class SchedulerSettings(BaseModel):
     max_batch_tokens: int = Field(128, ge=1, description="tokens in one step (like vLLM's max_num_batched_tokens): "
                                   "prompts are prefilled in chunks within it, so running streams are held up by at "
                                   "most one chunk per step; raise it where a step's cost is flat in tokens (GPUs)")
-    similarity_threshold: float = Field(0.8, ge=0.0, le=1.0)
+
+
+class MergingSettings(BaseModel):
+    """Work shared between similar requests: prefix KV reuse on verify workers, similarity routing on the
+    gateway (cache affinity), single-flight of identical requests."""
+
+    prefix_reuse: bool = Field(True, description="verify workers start a session from the longest common token "
+                               "prefix another session's KV holds instead of prefilling it")
+    min_prefix_tokens: int = Field(32, ge=1, description="shortest common prefix worth reusing")
+    retired_sessions: int = Field(64, ge=0, description="finished sessions whose KV a verify worker keeps for reuse "
+                                  "(inside worker.kv_budget_mb, evicted before any live session; 0: none)")
+    similarity_routing: bool = Field(True, description="the gateway sends a request similar to a recent one to the "
+                                     "verify worker that holds that one's KV, unless routing rules forbid it")
+    similarity_threshold: float = Field(0.85, ge=0.0, le=1.0, description="estimated Jaccard similarity of prompt "
+                                        "shingles that counts as similar (MinHash LSH)")
+    minhash_permutations: int = Field(64, ge=16, le=1024, description="MinHash size: more is more exact, slower")
+    shingle_tokens: int = Field(4, ge=1, description="tokens per shingle of a prompt")
+    index_size: int = Field(4096, ge=1, description="recent prompts the gateway's similarity index remembers")
 
 
 def _default_cache_dir() -> Path:
@@ -193,6 +210,7 @@ class Settings(BaseSettings):
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    merging: MergingSettings = Field(default_factory=MergingSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

@@ -241,6 +241,7 @@ class SessionSpec(Message):
     max_draft_tokens: int | None = None  # cap on gamma (a degraded pool gets shorter blocks)
     routing_version: int = 0
     created_at: float = field(default_factory=time.time)
+    verify_worker: str | None = None  # cache affinity: the verify worker holding a similar request's KV
 
 
 @dataclass
@@ -330,6 +331,8 @@ class OutputEvent(Message):
     error: str | None = None
     stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # the request's, cumulative
     created_at: float = field(default_factory=time.time)
+    num_cached_tokens: int = 0  # prompt tokens whose KV was reused, not prefilled (prefix reuse)
+    worker_id: str = ""  # the verify worker that committed it (holds the session's KV: cache affinity)
 
 
 @dataclass
@@ -354,6 +357,7 @@ class Heartbeat(Message):
     profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
     batch_rows: float = 0.0  # verify workers: mean rows per target step
     step_counters: dict = field(default_factory=dict)  # verify workers, cumulative: steps, rows, forward_s, step_s
+    prefix_cache: dict = field(default_factory=dict)  # verify workers: lookups, hits, reused_tokens (cumulative), retired
     pid: int = 0  # the worker's process on its host (the chaos drill's kill -9)
     host: str = ""
     sent_at: float = field(default_factory=time.time)

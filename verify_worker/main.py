@@ -55,6 +55,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         worker_id=worker_id,
         pool=settings.worker.pool,
         scheduler=settings.scheduler,
+        merging=settings.merging,
         device=settings.device,
         device_kind=settings.worker.device_kind,
         profile=profile,

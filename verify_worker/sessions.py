@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 
+from services.config import MergingSettings
+from services.engine.prefix_cache import PrefixSource, RetiredPrefixes, best_prefix
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
@@ -37,6 +39,7 @@ class VerifySession:
     arrived_at: float = 0.0  # monotonic, the same moment: first come, first served within a priority
     last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)
     last_used: float = field(default_factory=time.monotonic)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from another sequence when the request started
 
     @property
     def request_id(self) -> str:
@@ -72,9 +75,14 @@ class VerifySession:
         return self.target.finished or self.round >= self.block_end_round
 
 
-def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent]) -> VerifySession:
+Reuse = Callable[[TargetSession], int]  # starts a new session's KV from a common prefix; returns the positions
+
+
+def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent],
+                  reuse: Reuse | None = None) -> VerifySession:
     """A session from the request spec and the committed output so far (a new one, or a rebuild). Nothing
-    is computed here: the engine prefills what the KV lacks in the next steps, in chunks."""
+    is computed here but a prefix copy (`reuse`): the engine prefills what the KV lacks in the next steps, in
+    chunks."""
     output_ids = [token_id for event in events for token_id in event.token_ids]
     target = engine.target
     output = OutputState.for_request(target, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
@@ -83,11 +91,13 @@ def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEv
     stats = events[-1].stats.copy() if events else SpecDecodingStats()
     session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,
                             round_index=len(events))
-    return VerifySession(spec=spec, target=session)
+    reused = reuse(session) if reuse is not None else 0
+    return VerifySession(spec=spec, target=session,
+                         num_cached_tokens=events[-1].num_cached_tokens if events else reused)
 
 
 def resume_block(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent],
-                 block: DraftBlock) -> "VerifySession | Verdict | None":
+                 block: DraftBlock, reuse: Reuse | None = None) -> "VerifySession | Verdict | None":
     """A block whose session this worker does not hold in its state, against the request's stream:
     - its rounds are all committed (a redelivered task, a resend after a failover): a resync verdict;
     - none is: a session built from the committed prefix, taking the block;
@@ -100,7 +110,7 @@ def resume_block(engine: TargetEngine, spec: SessionSpec, events: list[OutputEve
         return None
     if len(events) >= end_round or (events and events[-1].finished):
         return resync_verdict(block, events)
-    session = build_session(engine, spec, events)
+    session = build_session(engine, spec, events, reuse)
     resumed = len(events) > block.round
     if not resumed and session.target.num_committed != block.num_committed:
         logger.warning("request %s: block saw %d tokens, stream holds %d: dropped", block.request_id,
@@ -128,14 +138,29 @@ def resync_verdict(block: DraftBlock, events: list[OutputEvent]) -> Verdict:
     )
 
 
+@dataclass
+class PrefixCounters:
+    """Cumulative prefix-reuse figures of a worker (its heartbeat carries them to /metrics)."""
+
+    lookups: int = 0  # sessions started (new or rebuilt) with reuse on
+    hits: int = 0  # of those, started from another sequence's prefix
+    reused_tokens: int = 0  # positions copied instead of prefilled
+    retired: int = 0  # finished sessions' sequences kept now
+    retired_bytes: int = 0
+
+
 class SessionTable:
-    """The worker's sessions, least recently used first; evicts idle ones while the KV store is over budget.
+    """The worker's sessions, least recently used first, and the KV of finished ones kept for prefix reuse;
+    while the KV store is over budget, retired sequences go first, then idle sessions.
 
     An evicted session is rebuilt from its committed prefix on its next block."""
 
-    def __init__(self, engine: TargetEngine) -> None:
+    def __init__(self, engine: TargetEngine, merging: MergingSettings | None = None) -> None:
         self.engine = engine
+        self.merging = merging or MergingSettings()
         self._sessions: OrderedDict[str, VerifySession] = OrderedDict()
+        self.retired = RetiredPrefixes(self.merging.retired_sessions if self.merging.prefix_reuse else 0)
+        self.prefix = PrefixCounters()
         self.num_evictions = 0
 
     def __len__(self) -> int:
@@ -162,11 +187,49 @@ class SessionTable:
         self.pop(session.request_id)
         self._sessions[session.request_id] = session
 
-    def pop(self, request_id: str) -> VerifySession | None:
+    def pop(self, request_id: str, *, retire: bool = False) -> VerifySession | None:
+        """Forget a session; retire=True keeps its KV for prefix reuse (it finished or was cancelled: what it
+        holds is valid), else the memory goes back to the store."""
         session = self._sessions.pop(request_id, None)
         if session is not None:
-            session.target.release()
+            target = session.target
+            if retire and target.sequence.length >= self.merging.min_prefix_tokens:
+                self.retired.retire(request_id, target.token_ids, target.sequence)
+            else:
+                target.release()
         return session
+
+    def _prefix_sources(self) -> Iterator[PrefixSource]:
+        for session in self._sessions.values():
+            yield PrefixSource(session.request_id, session.target.token_ids, session.target.sequence, retired=False)
+        yield from self.retired
+
+    def reuse_prefix(self, target: TargetSession) -> int:
+        """Start a new session's empty KV from the longest common prefix a live or retired sequence holds (a
+        copy: nothing stays shared); the positions reused, 0 when none is long enough or the copy does not
+        fit the budget (the prompt is then prefilled as usual)."""
+        if not self.merging.prefix_reuse or target.sequence.length:
+            return 0
+        self.prefix.lookups += 1
+        match = best_prefix(target.token_ids, self._prefix_sources(), min_tokens=self.merging.min_prefix_tokens)
+        if match is None:
+            return 0
+        store = self.engine.store
+        needed = store.growth_bytes(target.sequence, match.length)
+        if not self.evict_idle(needed, keep={match.source.key}):
+            return 0
+        target.sequence.copy_prefix(match.source.sequence, match.length)
+        self.retired.touch(match.source.key)
+        self.prefix.hits += 1
+        self.prefix.reused_tokens += match.length
+        logger.info("prefix reuse: %d of %d tokens from %s%s", match.length, target.num_committed, match.source.key,
+                    " (finished)" if match.source.retired else "")
+        return match.length
+
+    def prefix_figures(self) -> dict:
+        self.prefix.retired = len(self.retired)
+        self.prefix.retired_bytes = sum(source.sequence.reserved_bytes for source in self.retired)
+        return asdict(self.prefix)
 
     def drop_idle(self, idle_s: float) -> None:
         """Drop sessions that have waited idle_s for a block: whoever drove them is gone (a rebuild from the
@@ -181,9 +244,11 @@ class SessionTable:
                 self.pop(session.request_id)
 
     def evict_idle(self, needed_bytes: int = 0, *, keep: set[str] = frozenset()) -> bool:
-        """Evict idle sessions (no block in hand), least recently used first, until `needed_bytes` more fit
-        the budget; True when they do."""
+        """Evict retired sequences, then idle sessions (no block in hand), least recently used first, until
+        `needed_bytes` more fit the budget; True when they do."""
         store = self.engine.store
+        while store.over_budget(needed_bytes) and self.retired.evict_one(keep=keep):
+            pass
         for session in list(self._sessions.values()):
             if not store.over_budget(needed_bytes):
                 break

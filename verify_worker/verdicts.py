@@ -45,6 +45,8 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str) -> C
         finished=output.finished,
         finish_reason=output.finish_reason,
         stats=target.stats,
+        num_cached_tokens=session.num_cached_tokens,
+        worker_id=worker_id,
     )
     verdict = b""
     if session.block_done():

@@ -31,7 +31,7 @@ import msgpack
 import redis
 
 from services import protocol
-from services.config import SchedulerSettings
+from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
@@ -58,6 +58,7 @@ class VerifyWorker:
         worker_id: str,
         pool: str,
         scheduler: SchedulerSettings | None = None,
+        merging: MergingSettings | None = None,
         device: str = "cpu",
         device_kind: str | None = None,
         profile: dict | None = None,
@@ -71,7 +72,7 @@ class VerifyWorker:
         self.scheduler = scheduler or SchedulerSettings()
         self.worker_id = worker_id
         self.pool = pool
-        self.sessions = SessionTable(engine)
+        self.sessions = SessionTable(engine, merging)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
         self.figures = WorkerFigures()
@@ -80,7 +81,7 @@ class VerifyWorker:
         self._cancel_checked = time.monotonic()
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
         # heartbeats past their TTL.
-        self._snapshot = (0, 0)  # (num_sessions, kv_cache_bytes)
+        self._snapshot = (0, 0, {})  # (num_sessions, kv_cache_bytes, prefix figures)
 
     # --- the loop -------------------------------------------------------------------------------
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
@@ -102,7 +103,7 @@ class VerifyWorker:
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
         rows = self.step() if self._ready() else 0
-        self._snapshot = (len(self.sessions), self.sessions.kv_bytes)
+        self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures())
         return rows
 
     def _ready(self) -> list[VerifySession]:
@@ -159,7 +160,7 @@ class VerifyWorker:
         for block in blocks:
             self.num_blocks += 1
             if block.release:
-                self.sessions.pop(block.request_id)
+                self.sessions.pop(block.request_id, retire=True)
                 continue
             session = self.sessions.get(block.request_id)
             if session is None:
@@ -207,7 +208,8 @@ class VerifyWorker:
             self.sessions.pop(block.request_id)
             return
         events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-        outcome = resume_block(self.engine, SessionSpec.decode(raw_spec), events, block)
+        outcome = resume_block(self.engine, SessionSpec.decode(raw_spec), events, block,
+                               reuse=self.sessions.reuse_prefix)
         if isinstance(outcome, VerifySession):
             self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
         elif outcome is not None:  # a stale block: answered, and a session held here is left as it is
@@ -328,7 +330,7 @@ class VerifyWorker:
             elif item.finished:
                 logger.info("request %s finished here at round %d", item.request_id, item.seq,
                             extra={"request_id": item.request_id})
-                self.sessions.pop(item.request_id)
+                self.sessions.pop(item.request_id, retire=True)
 
     def _check_cancellations(self) -> None:
         """Sessions running target-only rounds on their own have no draft side asking each round."""
@@ -346,11 +348,11 @@ class VerifyWorker:
             if flag:
                 logger.info("request %s cancelled: its target-only rounds stop", session.request_id,
                             extra={"request_id": session.request_id})
-                self.sessions.pop(session.request_id)
+                self.sessions.pop(session.request_id, retire=True)
 
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
-        num_sessions, kv_bytes = self._snapshot
+        num_sessions, kv_bytes, prefix_figures = self._snapshot
         raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
         reading = apply_override(read_device(self.device, report_as=self.device_kind),
                                  msgpack.unpackb(raw_override) if raw_override else None)
@@ -368,6 +370,7 @@ class VerifyWorker:
             temperature_c=reading.temperature_c,
             overridden=list(reading.overridden),
             profile=self.profile,
+            prefix_cache=prefix_figures,
             pid=os.getpid(),
             host=socket.gethostname(),
             **self.figures.heartbeat_fields(),

@@ -8,6 +8,13 @@ buffer. So no step copies a whole cache: the only copy is the one a buffer
 makes when it outgrows its capacity, and capacity grows by at least half
 each time (a sequence of n tokens is copied O(log n) times in its life).
 
+A new sequence may start as a copy of another's prefix (prefix reuse: a
+shared system prompt or document is prefilled once). The copy is taken once,
+when the sequence starts, so no buffer is ever shared: a session never sees
+another's tokens, and releasing or evicting one frees only its own memory.
+Copying 1,000 positions costs a few milliseconds; prefilling them costs
+seconds on a CPU.
+
 The store counts reserved capacity, not just filled length, against the
 budget, because that is the memory the process holds. Who is evicted when
 the budget is exceeded is the owner's policy (the verify worker's LRU over
@@ -86,6 +93,15 @@ class SequenceKV:
         """Keys and values [kv_heads, end, head_dim] of positions 0 .. end - 1 (views, no copy)."""
         kv = self.kv[layer]
         return kv[0, :, :end], kv[1, :, :end]
+
+    def copy_prefix(self, source: "SequenceKV", length: int) -> None:
+        """Start this (empty) sequence with the first `length` positions of `source`: one copy, after which the
+        two share nothing (either may grow, crop or be released without the other seeing it)."""
+        assert self.length == 0, "a prefix is copied into an empty sequence only"
+        assert 0 < length <= source.length, f"cannot copy {length} of {source.length} positions"
+        self.reserve(length)
+        self.kv[:, :, :, :length].copy_(source.kv[:, :, :, :length])
+        self.length = length
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (nothing moves)."""

@@ -7,7 +7,8 @@ from services.config import Settings
 def test_yaml_then_env_then_kwargs(tmp_path, monkeypatch):
     config = tmp_path / "mirror-sd.yaml"
     config.write_text(
-        "scheduler: {max_batch_size: 4, timeout_ms: 50, similarity_threshold: 0.9}\n"
+        "scheduler: {max_batch_size: 4, timeout_ms: 50}\n"
+        "merging: {similarity_threshold: 0.9}\n"
         "speculative: {max_draft_tokens: 6}\n"
         "draft: int8\n"
     )
@@ -16,7 +17,7 @@ def test_yaml_then_env_then_kwargs(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRROR_SD_DRAFT", "bf16")
     settings = Settings(target="somewhere")
     assert settings.scheduler.max_batch_size == 4
-    assert settings.scheduler.similarity_threshold == 0.9
+    assert settings.merging.similarity_threshold == 0.9
     assert settings.speculative.max_draft_tokens == 6  # from YAML
     assert settings.speculative.min_draft_tokens == 2  # from the environment, merged
     assert settings.draft == "bf16"  # environment beats YAML
