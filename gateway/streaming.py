@@ -113,6 +113,7 @@ def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
         "request_id": request_id,
         "num_rounds": event.seq + 1 if event else 0,  # one output event per verified round
         "num_cached_tokens": event.num_cached_tokens if event else 0,  # prompt tokens reused, not prefilled
+        "verify_worker": event.worker_id or None if event else None,  # where the request's KV is
         "num_drafts": stats.num_drafts,
         "num_draft_tokens": stats.num_draft_tokens,
         "num_accepted_tokens": stats.num_accepted_tokens,

@@ -299,6 +299,33 @@ def test_killed_verify_worker_with_a_batch_in_flight_loses_nothing(stack, client
     stack.wait_ready()
 
 
+def test_a_request_sharing_a_long_prefix_goes_where_its_kv_is_and_reuses_it(stack, client, reference):
+    """Similarity routing (MinHash over the prompt) sends each follow-up to the verify worker that served the
+    first; that worker copies the shared prefix's KV instead of prefilling it; answers stay target-only's."""
+    document = " ".join(f"Station {n} reports {n * 7 % 13} trains, {n * 5 % 11} delays and a clear sky."
+                        for n in range(24))
+    def counter(name: str) -> float:
+        lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith(name + " ")]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    routed, hits = counter("mirror_sd:affinity_routed_total"), counter("mirror_sd:prefix_cache_hits_total")
+    workers, cached = [], []
+    for question in ("How many stations are listed?", "Which station has the most trains?",
+                     "Summarize the delays.", "Is the sky clear?"):
+        prompt = f"{document}\n\nQuestion: {question}"
+        body = client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=8)).json()
+        assert body["choices"][0]["token_ids"] == reference(prompt, chat=True, max_tokens=8)
+        workers.append(body["mirror_sd"]["verify_worker"])
+        cached.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert cached[-1] == body["mirror_sd"]["num_cached_tokens"]
+    assert len(set(workers)) == 1 and workers[0] in stack.verify_ids
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    # the first shares at most the chat template's opening with earlier requests; the others the document
+    assert cached[0] < 0.5 * prompt_tokens and all(0.8 * prompt_tokens < n < prompt_tokens for n in cached[1:])
+    assert counter("mirror_sd:affinity_routed_total") - routed == 3
+    assert counter("mirror_sd:prefix_cache_hits_total") - hits == sum(cached)
+
+
 def test_plain_route_on_request(stack, client, reference):
     prompt = "Name three planets."
     body = client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=20, route="ar")).json()
