@@ -70,20 +70,31 @@ class Admission:
     def _reject(self, message: str) -> Rejected:
         return Rejected(503, message, self.retry_after_s)
 
+    def _free_now(self, tier: str) -> bool:
+        ahead = TIERS[:TIERS.index(tier) + 1] if tier in TIERS else TIERS  # this tier and those above it
+        return self._has_room(tier) and not any(self.waiting.get(t) for t in ahead)
+
+    def refusal(self, tier: str, key: object = None) -> Rejected | None:
+        """What acquire would refuse at once (draining, the key over its limit, the tier full with no wait
+        allowed), or None; changes nothing. The gateway asks this before it reads a request's body."""
+        if self.draining:
+            return self._reject("server is shutting down; retry on another replica or shortly")
+        if key is not None and self.max_inflight_per_key and self.per_key.get(key, 0) >= self.max_inflight_per_key:
+            return Rejected(429, f"this API key already has {self.max_inflight_per_key} requests in flight "
+                            "(gateway.max_inflight_per_key); retry when one finishes", self.retry_after_s)
+        if not self._free_now(tier) and (self.queued >= self.queue_limit or self.queue_timeout_s <= 0):
+            return self._reject("server is at capacity; retry shortly")
+        return None
+
     async def acquire(self, tier: str, key: object = None) -> Ticket:
         """A slot for one request, or Rejected (503 full or draining, 429 key over its limit)."""
-        if self.draining:
-            raise self._reject("server is shutting down; retry on another replica or shortly")
-        if key is not None and self.max_inflight_per_key and self.per_key.get(key, 0) >= self.max_inflight_per_key:
-            raise Rejected(429, f"this API key already has {self.max_inflight_per_key} requests in flight "
-                           "(gateway.max_inflight_per_key); retry when one finishes", self.retry_after_s)
+        refused = self.refusal(tier, key)
+        if refused is not None:
+            raise refused
         ticket = Ticket(tier, key)
-        ahead = TIERS[:TIERS.index(tier) + 1] if tier in TIERS else TIERS  # this tier and those above it
-        if self._has_room(tier) and not any(self.waiting.get(t) for t in ahead):
+        if self._free_now(tier):
             self._take(ticket)
             return ticket
-        if self.queued >= self.queue_limit or self.queue_timeout_s <= 0:
-            raise self._reject("server is at capacity; retry shortly")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(tier, deque()).append((future, ticket))
         try:

@@ -30,19 +30,32 @@ def _lookup(state: GatewayState, key: str) -> tuple[int, str] | None:
         return (row.id, row.priority) if row is not None else None
 
 
-async def authenticate(request: Request) -> Caller:
-    state: GatewayState = request.app.state.gateway
+def bearer_key(header: str) -> str | None:
+    scheme, _, key = header.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def known_caller(state: GatewayState, header: str) -> Caller | None:
+    """The caller, from settings or the key cache alone (no SQL); None when that does not tell."""
     if state.settings.gateway.auth_disabled:
         return Caller(None, "normal")
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    key = key.strip()
-    digest = crud.hash_api_key(key)
-    cached = state.key_cache.get(digest)
+    key = bearer_key(header)
+    cached = state.key_cache.get(crud.hash_api_key(key)) if key else None
     if cached is not None and cached[0] > time.monotonic():
         return Caller(cached[1], cached[2])
+    return None
+
+
+async def authenticate(request: Request) -> Caller:
+    state: GatewayState = request.app.state.gateway
+    header = request.headers.get("authorization", "")
+    caller = known_caller(state, header)
+    if caller is not None:
+        return caller
+    key = bearer_key(header)
+    if key is None:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    digest = crud.hash_api_key(key)
     found = await asyncio.to_thread(_lookup, state, key)
     if found is None:
         raise APIError(401, "invalid API key", code="invalid_api_key")

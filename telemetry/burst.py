@@ -4,6 +4,7 @@ refusal must come fast."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,21 +33,61 @@ def quantiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": pick(0.5), "p99": pick(0.99), "max": round(ordered[-1], 1) if ordered else None}
 
 
-async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: dict) -> tuple[list, float]:
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, headers=headers) as client:
-        async def one() -> tuple[int | None, float, str | None, str]:
-            started = time.perf_counter()
-            try:
-                answer = await client.post("/v1/chat/completions", json=body)
-                return answer.status_code, 1000 * (time.perf_counter() - started), \
-                    answer.headers.get("Retry-After"), ""
-            except httpx.HTTPError as exc:
-                return None, 1000 * (time.perf_counter() - started), None, f"{type(exc).__name__}: {exc}"
+@dataclass
+class _Start:
+    """The burst's starting gun: fired once every connection is open (or failed)."""
 
-        started = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(count)))
-        return results, time.perf_counter() - started
+    go: asyncio.Event = field(default_factory=asyncio.Event)
+    connected: int = 0
+
+
+async def _exchange(host: str, port: int, payload: bytes, timeout_s: float,
+                    start: _Start) -> tuple[int | None, float, str | None, str]:
+    """One request on its own connection: connect, wait for the burst's start, send, read the answer.
+    Timed from the send (a client's own queueing is not the server's answer time)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return None, 0.0, None, f"connect: {type(exc).__name__}: {exc}"
+    start.connected += 1
+    await start.go.wait()
+    started = time.perf_counter()
+    try:
+        writer.write(payload)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
+        elapsed = 1000 * (time.perf_counter() - started)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {name.strip().lower(): value.strip() for name, _, value in
+                   (line.partition(":") for line in lines[1:] if line)}
+        return status, elapsed, headers.get("retry-after"), ""
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+        return None, 1000 * (time.perf_counter() - started), None, f"{type(exc).__name__}: {exc}"
+    finally:
+        writer.close()
+
+
+async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: dict) -> tuple[list, float]:
+    """count connections opened first, then every request sent at once (raw HTTP/1.1: the client's own work
+    per request is a write and a read, so the figures are the server's)."""
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80)
+    content = json.dumps(body).encode()
+    head = ["POST /v1/chat/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+            f"Content-Length: {len(content)}", "Connection: close",
+            *(f"{name}: {value}" for name, value in headers.items())]
+    payload = ("\r\n".join(head) + "\r\n\r\n").encode() + content
+    start = _Start()
+    tasks = [asyncio.create_task(_exchange(host, port, payload, timeout_s, start)) for _ in range(count)]
+    for _ in range(200):  # until every connection is open (or failed), at most ~10 s
+        await asyncio.sleep(0.05)
+        if start.connected + sum(task.done() for task in tasks) >= count:
+            break
+    started = time.perf_counter()
+    start.go.set()
+    results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - started
 
 
 def run_burst(url: str, *, model: str, count: int, max_tokens: int = 8, timeout_s: float = 600.0,

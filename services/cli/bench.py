@@ -45,6 +45,7 @@ def bench(
     baseline_url: Annotated[str | None, typer.Option("--baseline-url", help="another gateway for the baseline mode")] = None,
     requests: Annotated[int | None, typer.Option(min=1, help="requests per concurrency level (default: max(prompts, level))")] = None,
     max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
+    merging: Annotated[bool, typer.Option("--merging", help="similar-request merging through the stack at --url: TTFT sharing a ~1,000-token prefix against cold, 8 identical requests against one, unrelated prompts against --baseline-url (a stack with merging off)")] = False,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
 
@@ -58,6 +59,10 @@ def bench(
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
+    if merging:
+        _bench_merging(prompts=prompts, url=url, baseline_url=baseline_url, api_key=api_key,
+                       redis_url=redis_url or settings.redis_url, model=target or settings.target, out=out)
+        return
     if concurrency is not None:
         _bench_concurrency(prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
                            target=target, limit=limit, per_group=per_group, categories=categories,
@@ -96,6 +101,25 @@ def bench(
         typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
     if outcome.mismatches:
         raise typer.Exit(code=1)
+
+
+def _bench_merging(*, prompts: str, url: str, baseline_url: str | None, api_key: str | None, redis_url: str,
+                   model: str, out: str) -> None:
+    from pathlib import Path
+
+    import httpx
+
+    from services.bench.merging import run_merging_bench
+    from services.bench.prompts import load_prompts
+
+    try:
+        run_merging_bench(url=url, model=model, api_key=api_key, prompts=load_prompts(Path(prompts)), out=Path(out),
+                          redis_url=redis_url, baseline_url=baseline_url,
+                          progress=lambda line: typer.echo(line, err=True))
+    except (ValueError, RuntimeError, httpx.HTTPError) as exc:
+        fail(str(exc))
+    typer.echo((Path(out) / "merging.md").read_text())
+    typer.echo(f"wrote {Path(out) / 'merging.json'}, {Path(out) / 'merging.md'}")
 
 
 def _bench_target(prompts: list, target: str | None, threads: int | None, settings):

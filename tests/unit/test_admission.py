@@ -138,3 +138,44 @@ def test_a_cancelled_waiter_leaves_the_queue():
 
     admission = run(scenario())
     assert admission.queued == 0 and admission.inflight == 0
+
+
+def test_the_early_layer_refuses_a_full_tier_without_reading_the_body():
+    """gateway/refusal.py: a certain refusal is answered from the counters; anything else reaches the app."""
+    import json
+    from types import SimpleNamespace
+
+    from gateway.refusal import EarlyRefusal
+    from services.config import Settings
+
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    admission = Admission(max_inflight=1)
+    state = SimpleNamespace(settings=Settings(gateway={"auth_disabled": True}), admission=admission, metrics=None)
+    layer = EarlyRefusal(app)
+
+    async def call(path: str, method: str = "POST") -> list[dict]:
+        sent = []
+
+        async def receive():
+            raise AssertionError("the body was read")
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "headers": [], "app": SimpleNamespace(
+            state=SimpleNamespace(gateway=state))}
+        await layer(scope, receive, send)
+        return sent
+
+    assert asyncio.run(call("/v1/chat/completions")) == [] and reached == ["/v1/chat/completions"]  # room: on
+    admission.inflight = 1  # full
+    start, body = asyncio.run(call("/v1/completions"))
+    assert start["status"] == 503 and (b"retry-after", b"2") in start["headers"]
+    assert json.loads(body["body"])["error"]["code"] == "overloaded"
+    assert asyncio.run(call("/v1/models", method="GET")) == [] and reached[-1] == "/v1/models"  # not generation
+    admission.drain()
+    assert asyncio.run(call("/v1/chat/completions"))[0]["status"] == 503
