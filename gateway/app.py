@@ -12,7 +12,7 @@ from gateway.dashboard import install_dashboard
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.generation import router as generation_router
-from gateway.refusal import EarlyRefusal
+from gateway.refusal import EarlyAdmission
 from gateway.routes import router
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
@@ -54,5 +54,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(generation_router)
     app.include_router(router)
     install_dashboard(app)
-    app.add_middleware(EarlyRefusal)  # outermost: a certain refusal never reaches the routes
+    app.add_middleware(EarlyAdmission)  # outermost: admission (and any refusal) before a body is read
     return app

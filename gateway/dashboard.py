@@ -109,12 +109,7 @@ async def telemetry(request: Request, caller: Caller = Depends(authenticate)) ->
 async def dashboard_data(request: Request, caller: Caller = Depends(authenticate)) -> dict:
     """Everything the dashboard shows, in one call (polled about once a second)."""
     state: GatewayState = request.app.state.gateway
-    cached = state.dashboard_cache
-    if cached is not None and cached[0] > time.monotonic():
-        return cached[1]
-    snapshot = await build_snapshot(state)
-    state.dashboard_cache = (time.monotonic() + SNAPSHOT_CACHE_S, snapshot)
-    return snapshot
+    return await state.dashboard_cache.get(lambda: build_snapshot(state))
 
 
 @router.get("/dashboard", include_in_schema=False)

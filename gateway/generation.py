@@ -24,6 +24,7 @@ from gateway.admission import Ticket
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError, error_body
 from gateway.recovery import RequestLost
+from gateway.refusal import early_ticket
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.state import GatewayState
 from gateway.streaming import IncrementalText, RequestTimeout, read_output, sd_stats
@@ -68,7 +69,7 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
     """Admission first (a burst is answered before any tokenizing), then the session; the slot is given back
     when the answer ends, however it ends."""
     state = _state(request)
-    ticket = await admit(state, caller)
+    ticket = early_ticket(request) or await admit(state, caller)
     try:
         submitted = await submit(
             state, caller,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from gateway.errors import APIError
@@ -15,7 +14,6 @@ from services.protocol import ROUTING_TABLE_KEY, RoutingTable
 
 logger = logging.getLogger(__name__)
 
-TABLE_CACHE_S = 0.5  # new routing reaches new sessions well within 2 s
 
 
 @dataclass(frozen=True)
@@ -88,13 +86,12 @@ async def affinity_route(state: GatewayState, route: Route, sketch) -> tuple[Rou
 
 
 async def current_table(state: GatewayState) -> RoutingTable | None:
-    cached = state.routing_cache
-    if cached is not None and cached[0] > time.monotonic():
-        return cached[1]
+    return await state.routing_cache.get(lambda: _read_table(state))
+
+
+async def _read_table(state: GatewayState) -> RoutingTable | None:
     raw = await state.redis.get(ROUTING_TABLE_KEY)
-    table = RoutingTable.decode(raw) if raw is not None else None
-    state.routing_cache = (time.monotonic() + TABLE_CACHE_S, table)
-    return table
+    return RoutingTable.decode(raw) if raw is not None else None
 
 
 async def route_request(state: GatewayState, *, num_prompt_tokens: int, priority: str) -> Route:

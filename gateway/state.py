@@ -11,10 +11,14 @@ from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.admission import Admission
+from gateway.cache import Cached
 from gateway.similarity import SimilarityIndex
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
+
+WORKERS_CACHE_S = 1.0  # the gateway asks per request which workers are alive
+TABLE_CACHE_S = 0.5  # new routing reaches new sessions well within 2 s
 
 
 @dataclass
@@ -36,10 +40,10 @@ class GatewayState:
     admission: Admission = None  # slots per tier; built from settings when not given
     metrics: object = None  # GatewayMetrics
     key_cache: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # hash -> (expiry, id, priority)
-    worker_cache: tuple[float, list] | None = None  # (expiry, heartbeats)
-    routing_cache: tuple[float, object] | None = None  # (expiry, RoutingTable | None)
+    worker_cache: Cached = field(default_factory=lambda: Cached(WORKERS_CACHE_S))  # live workers' heartbeats
+    routing_cache: Cached = field(default_factory=lambda: Cached(TABLE_CACHE_S))  # the RoutingTable (or None)
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
-    dashboard_cache: tuple[float, dict] | None = None  # (expiry, /v1/dashboard snapshot)
+    dashboard_cache: Cached = field(default_factory=lambda: Cached(0.5))  # /v1/dashboard (SNAPSHOT_CACHE_S)
     similarity: SimilarityIndex | None = None  # recent prompts, for cache-affinity routing (None: off)
 
     def __post_init__(self) -> None:

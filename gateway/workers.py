@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from gateway.state import GatewayState
 from services.protocol import HEARTBEAT_PATTERN, Heartbeat, ProtocolError
 
 logger = logging.getLogger(__name__)
 
-CACHE_S = 1.0
 
 
 async def live_workers(state: GatewayState, *, fresh: bool = False) -> list[Heartbeat]:
-    cached = state.worker_cache
-    if not fresh and cached is not None and cached[0] > time.monotonic():
-        return cached[1]
+    return await state.worker_cache.get(lambda: _read_heartbeats(state), fresh=fresh)
+
+
+async def _read_heartbeats(state: GatewayState) -> list[Heartbeat]:
     keys = [key async for key in state.redis.scan_iter(match=HEARTBEAT_PATTERN, count=100)]
     beats = []
     for raw in await state.redis.mget(keys) if keys else []:
@@ -26,7 +25,6 @@ async def live_workers(state: GatewayState, *, fresh: bool = False) -> list[Hear
             beats.append(Heartbeat.decode(raw))
         except ProtocolError:
             logger.warning("ignoring a bad heartbeat")
-    state.worker_cache = (time.monotonic() + CACHE_S, beats)
     return beats
 
 

@@ -68,9 +68,11 @@ async def _exchange(host: str, port: int, payload: bytes, timeout_s: float,
         writer.close()
 
 
-async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: dict) -> tuple[list, float]:
+async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: dict,
+                 settle_s: float = 0.0) -> tuple[list, float]:
     """count connections opened first, then every request sent at once (raw HTTP/1.1: the client's own work
-    per request is a write and a read, so the figures are the server's)."""
+    per request is a write and a read, so the figures are the server's). settle_s: a pause between the last
+    connection and the sends, so the server has accepted them all (its accept work is then not in the figures)."""
     parsed = httpx.URL(url)
     host, port = parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80)
     content = json.dumps(body).encode()
@@ -84,6 +86,7 @@ async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: di
         await asyncio.sleep(0.05)
         if start.connected + sum(task.done() for task in tasks) >= count:
             break
+    await asyncio.sleep(settle_s)
     started = time.perf_counter()
     start.go.set()
     results = await asyncio.gather(*tasks)
@@ -91,11 +94,11 @@ async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: di
 
 
 def run_burst(url: str, *, model: str, count: int, max_tokens: int = 8, timeout_s: float = 600.0,
-              api_key: str | None = None) -> BurstReport:
+              api_key: str | None = None, settle_s: float = 0.0) -> BurstReport:
     body = {"model": model, "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": max_tokens,
             "temperature": 0}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    results, wall_s = asyncio.run(_burst(url, body, count, timeout_s, headers))
+    results, wall_s = asyncio.run(_burst(url, body, count, timeout_s, headers, settle_s))
     statuses = Counter(str(status) for status, _, _, error in results if not error)
     rejected = [ms for status, ms, _, _ in results if status in (503, 429)]
     return BurstReport(

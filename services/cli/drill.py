@@ -85,6 +85,8 @@ def burst(
     max_tokens: Annotated[int, typer.Option("--max-tokens")] = 8,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="MIRROR_SD_API_KEY")] = None,
     out: Annotated[Path | None, typer.Option(help="write the report as JSON here")] = None,
+    settle_s: Annotated[float, typer.Option("--settle-s", min=0, help="pause between opening the connections and "
+                                            "sending (0: send as soon as all are open)")] = 0.0,
 ) -> None:
     """Send N requests at once: every answer must be 200, 503 or 429 with Retry-After; report how fast the
     refusals came."""
@@ -95,7 +97,7 @@ def burst(
         fail("--requests and --max-tokens must be >= 1")
     settings = get_settings()
     report = run_burst(url, model=settings.gateway.model_name or settings.target, count=requests,
-                       max_tokens=max_tokens, api_key=api_key)
+                       max_tokens=max_tokens, api_key=api_key, settle_s=settle_s)
     typer.echo(f"{requests} requests at once in {report.wall_s:.1f}s: statuses {report.statuses}; refusals "
                f"p50 {report.reject_ms['p50']} ms, p99 {report.reject_ms['p99']} ms, max {report.reject_ms['max']} ms; "
                f"served p50 {report.ok_ms['p50']} ms")

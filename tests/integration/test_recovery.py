@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.cache import Cached
 from gateway.recovery import RequestLost, check_stalled
 from services import protocol
 from services.celery_app import create_celery_app
@@ -41,7 +42,7 @@ def world():
 def check(settings: Settings, stalled_s: float = 2.0) -> bool:
     async def run() -> bool:
         state = SimpleNamespace(redis=aioredis.Redis.from_url(settings.redis_url), settings=settings,
-                                celery=create_celery_app(settings), metrics=None, worker_cache=None)
+                                celery=create_celery_app(settings), metrics=None, worker_cache=Cached(1.0))
         try:
             return await check_stalled(state, REQUEST, priority=1, stalled_s=stalled_s)
         finally:

@@ -140,22 +140,23 @@ def test_a_cancelled_waiter_leaves_the_queue():
     assert admission.queued == 0 and admission.inflight == 0
 
 
-def test_the_early_layer_refuses_a_full_tier_without_reading_the_body():
-    """gateway/refusal.py: a certain refusal is answered from the counters; anything else reaches the app."""
+def test_the_early_layer_admits_or_refuses_before_the_body_is_read():
+    """gateway/refusal.py: a known caller's slot is taken from the headers alone; a refusal never reaches the
+    app; the slot is back once the app has answered."""
     import json
     from types import SimpleNamespace
 
-    from gateway.refusal import EarlyRefusal
+    from gateway.refusal import TICKET, EarlyAdmission
     from services.config import Settings
 
-    reached = []
+    admission = Admission(max_inflight=1)
+    seen = []
 
     async def app(scope, receive, send):
-        reached.append(scope["path"])
+        seen.append((scope["path"], scope.get("state", {}).get(TICKET), admission.inflight))
 
-    admission = Admission(max_inflight=1)
     state = SimpleNamespace(settings=Settings(gateway={"auth_disabled": True}), admission=admission, metrics=None)
-    layer = EarlyRefusal(app)
+    layer = EarlyAdmission(app)
 
     async def call(path: str, method: str = "POST") -> list[dict]:
         sent = []
@@ -171,11 +172,16 @@ def test_the_early_layer_refuses_a_full_tier_without_reading_the_body():
         await layer(scope, receive, send)
         return sent
 
-    assert asyncio.run(call("/v1/chat/completions")) == [] and reached == ["/v1/chat/completions"]  # room: on
+    assert asyncio.run(call("/v1/chat/completions")) == []
+    path, ticket, inflight = seen[-1]
+    assert path == "/v1/chat/completions" and ticket.tier == "normal" and inflight == 1  # held while answering
+    assert ticket.released and admission.inflight == 0  # given back after
     admission.inflight = 1  # full
     start, body = asyncio.run(call("/v1/completions"))
     assert start["status"] == 503 and (b"retry-after", b"2") in start["headers"]
-    assert json.loads(body["body"])["error"]["code"] == "overloaded"
-    assert asyncio.run(call("/v1/models", method="GET")) == [] and reached[-1] == "/v1/models"  # not generation
+    assert json.loads(body["body"])["error"]["code"] == "overloaded" and len(seen) == 1
+    assert asyncio.run(call("/v1/models", method="GET")) == [] and seen[-1][0] == "/v1/models"  # not generation
+    assert seen[-1][1] is None
+    admission.inflight = 0
     admission.drain()
     assert asyncio.run(call("/v1/chat/completions"))[0]["status"] == 503
