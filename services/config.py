@@ -113,6 +113,8 @@ class GatewaySettings(BaseModel):
     max_inflight_per_key: int = Field(0, ge=0, description="requests in flight per API key before 429 (0: none)")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
     redis_pool_timeout_s: float = Field(10.0, gt=0, description="wait for a free Redis connection before 503")
+    single_flight: bool = Field(True, description="identical requests in flight at once (greedy, or sampled with "
+                                "the same seed) share one generation, streamed to each of their clients")
 
 
 class TelemetrySettings(BaseModel):
