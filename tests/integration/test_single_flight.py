@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -197,57 +198,28 @@ def live_tokens(stack) -> int:
     return sum(row["tokens_per_s"] for row in httpx.get(f"{stack.base_url}/v1/dashboard").json()["throughput"])
 
 
-def test_identical_greedy_requests_at_once_cost_one_generation(stack, model):
-    before_streams, before, before_tokens = generations(stack), scrape(stack), live_tokens(stack)
-    started = ThreadPoolExecutor(max_workers=NUM_CLIENTS + 1)
-    first_chunk = threading.Event()
-    leader = started.submit(stream_answer, stack.base_url, body(model), on_first=lambda _: first_chunk.set())
-    deadline = time.monotonic() + 60
-    while not first_chunk.is_set():  # the leader's generation is running: everyone else joins it
-        assert time.monotonic() < deadline and not leader.done(), leader.result() if leader.done() else "no chunk"
-        time.sleep(0.01)
-    # the rest: streamed and not, the prompt as text and as the same token ids, one without token ids
-    token_prompt = httpx.post(f"{stack.base_url}/v1/completions", timeout=120,
-                              json={**body(model), "max_tokens": 1}).json()  # a different request: own session
-    followers = [started.submit(stream_answer, stack.base_url, body(model)),
-                 started.submit(post_answer, stack.base_url, body(model)),
-                 started.submit(post_answer, stack.base_url, body(model, return_token_ids=True, user="other")),
-                 started.submit(stream_answer, stack.base_url, body(model, prompt=PROMPT_IDS)),
-                 started.submit(post_answer, stack.base_url, body(model))]
-    answers = [leader.result(timeout=120)] + [f.result(timeout=120) for f in followers]
-    started.shutdown()
-    assert token_prompt["choices"][0]["finish_reason"] == "length"
+class Hold:
+    """SIGSTOP the only verify worker on a leader's first chunk, so its generation holds still, mid-answer,
+    while other clients join and leave; SIGCONT on the way out. (Holds stay well under the 3 s its
+    heartbeat lives; a follower's join does not look at heartbeats.)"""
 
-    assert all(a["finish_reason"] == "length" and len(a["token_ids"]) == MAX_TOKENS for a in answers), answers
-    assert all(a["token_ids"] == answers[0]["token_ids"] for a in answers)
-    texts = {a["text"] for a in answers if "text" in a}
-    assert len(texts) == 1 and texts != {""}
-    # one generation for the six identical requests (plus the different one's own)
-    new_streams = generations(stack) - before_streams
-    assert len(new_streams) == 2 and protocol.output_stream(answers[0]["id"]) in new_streams
-    assert protocol.output_stream(token_prompt["id"]) in new_streams
-    leader_id = answers[0]["id"]
-    stats = [a["usage"]["mirror_sd"] for a in answers]
-    assert [s["merged_into"] for s in stats] == [None] + [leader_id] * (NUM_CLIENTS - 1)
-    assert [s["request_id"] for s in stats] == [a["id"] for a in answers]  # each client its own id
-    assert token_prompt["mirror_sd"]["merged_into"] is None
-    after = scrape(stack)
-    assert after["mirror_sd:single_flight_merged_total"] - before.get("mirror_sd:single_flight_merged_total", 0) \
-        == NUM_CLIENTS - 1
-    # drafting counted once: the leader's generation, not once per reader
-    assert after["mirror_sd:spec_decode_num_draft_tokens_total"] - before["mirror_sd:spec_decode_num_draft_tokens_total"] \
-        == stats[0]["num_draft_tokens"] + token_prompt["mirror_sd"]["num_draft_tokens"]
-    recorded = rows(stack, [a["id"] for a in answers])
-    assert all(recorded[a["id"]]["params"]["merged_into"] == leader_id for a in answers[1:])
-    assert all(r["status"] == "finished" and r["completion_tokens"] == MAX_TOKENS for r in recorded.values())
-    events = httpx.get(f"{stack.base_url}/v1/telemetry").json()["events"]
-    merged = {e["request_id"] for e in events if e["kind"] == "merged"}
-    assert merged >= {a["id"] for a in answers[1:]}
-    time.sleep(1.6)  # the last token's second is over, and the dashboard's 0.5 s cache
-    assert live_tokens(stack) - before_tokens == MAX_TOKENS + 1  # tokens/s: generated once, read six times
-    assert not list(stack.redis.scan_iter(match=protocol.flight_key("*")))  # ended: the next one starts afresh
-    again = post_answer(stack.base_url, body(model))
-    assert again["usage"]["mirror_sd"]["merged_into"] is None and again["token_ids"] == answers[0]["token_ids"]
+    def __init__(self, stack) -> None:
+        self.process = stack.processes[stack.verify_ids[0]]
+        self.held = threading.Event()
+
+    def __call__(self, _request_id: str) -> None:
+        if not self.held.is_set():
+            self.process.send_signal(signal.SIGSTOP)
+            self.held.set()
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def wait(self) -> None:
+        assert self.held.wait(60), "the leader never got a first chunk"
 
 
 def flight_size(stack) -> int:
@@ -262,55 +234,125 @@ def last_event(stack, request_id: str) -> protocol.OutputEvent:
     return protocol.OutputEvent.decode(fields[b"m"])
 
 
+def test_identical_greedy_requests_at_once_cost_one_generation(stack, model):
+    # a different request (fewer tokens): its own session
+    token_prompt = post_answer(stack.base_url, body(model, max_tokens=1))["usage"]
+    time.sleep(1.1)  # its tokens are in a whole second of tokens/s, before the count below starts
+    before_streams, before, before_tokens = generations(stack), scrape(stack), live_tokens(stack)
+    with ThreadPoolExecutor(max_workers=NUM_CLIENTS) as pool, Hold(stack) as hold:
+        leader = pool.submit(stream_answer, stack.base_url, body(model), on_first=hold)
+        hold.wait()
+        # the rest join mid-answer: streamed and not, the prompt as text and as the same token ids
+        followers = [pool.submit(stream_answer, stack.base_url, body(model)),
+                     pool.submit(post_answer, stack.base_url, body(model)),
+                     pool.submit(post_answer, stack.base_url, body(model, return_token_ids=True, user="other")),
+                     pool.submit(stream_answer, stack.base_url, body(model, prompt=PROMPT_IDS)),
+                     pool.submit(post_answer, stack.base_url, body(model))]
+        wait_until(lambda: flight_size(stack) == 1 + NUM_CLIENTS)
+    answers = [leader.result(timeout=120)] + [f.result(timeout=120) for f in followers]
+
+    assert all(a["finish_reason"] == "length" and len(a["token_ids"]) == MAX_TOKENS for a in answers), answers
+    assert all(a["token_ids"] == answers[0]["token_ids"] for a in answers)
+    texts = {a["text"] for a in answers if "text" in a}
+    assert len(texts) == 1 and texts != {""}
+    leader_id = answers[0]["id"]
+    assert generations(stack) - before_streams == {protocol.output_stream(leader_id)}  # one for all six
+    stats = [a["usage"]["mirror_sd"] for a in answers]
+    assert [s["merged_into"] for s in stats] == [None] + [leader_id] * (NUM_CLIENTS - 1)
+    assert [s["request_id"] for s in stats] == [a["id"] for a in answers]  # each client its own id
+    assert token_prompt["mirror_sd"]["merged_into"] is None
+    after = scrape(stack)
+    assert after["mirror_sd:single_flight_merged_total"] - before.get("mirror_sd:single_flight_merged_total", 0) \
+        == NUM_CLIENTS - 1
+    assert after["mirror_sd:requests_total"] - before["mirror_sd:requests_total"] == NUM_CLIENTS
+    # drafting counted once: the leader's generation, not once per reader
+    assert stats[0]["num_draft_tokens"] > 0 and all(s["num_draft_tokens"] == stats[0]["num_draft_tokens"]
+                                                     for s in stats)
+    assert after["mirror_sd:spec_decode_num_draft_tokens_total"] \
+        - before["mirror_sd:spec_decode_num_draft_tokens_total"] == stats[0]["num_draft_tokens"]
+    recorded = rows(stack, [a["id"] for a in answers])
+    assert all(recorded[a["id"]]["params"]["merged_into"] == leader_id for a in answers[1:])
+    assert all(r["status"] == "finished" and r["completion_tokens"] == MAX_TOKENS for r in recorded.values())
+    events = httpx.get(f"{stack.base_url}/v1/telemetry").json()["events"]
+    assert {e["request_id"] for e in events if e["kind"] == "merged"} == {a["id"] for a in answers[1:]}
+    time.sleep(1.6)  # the last token's second is over, and the dashboard's 0.5 s cache
+    assert live_tokens(stack) - before_tokens == MAX_TOKENS  # tokens/s: generated once, read six times
+    assert flight_size(stack) == 0  # ended: the next one starts afresh
+    again = post_answer(stack.base_url, body(model))
+    assert again["usage"]["mirror_sd"]["merged_into"] is None and again["token_ids"] == answers[0]["token_ids"]
+
+
 def test_a_client_leaving_early_does_not_cut_the_others(stack, model):
     """The leader's client goes away mid-answer while two followers read: the generation runs on."""
     joined = threading.Event()
-    before_streams = generations(stack)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        leader = pool.submit(stream_answer, stack.base_url, body(model), stop_when=lambda _: joined.is_set())
-        (stream,) = wait_until(lambda: generations(stack) - before_streams)
+    with ThreadPoolExecutor(max_workers=3) as pool, Hold(stack) as hold:
+        leader = pool.submit(stream_answer, stack.base_url, body(model), on_first=hold,
+                             stop_when=lambda _: joined.wait(60))
+        hold.wait()
         followers = [pool.submit(stream_answer, stack.base_url, body(model)),
                      pool.submit(post_answer, stack.base_url, body(model))]
         wait_until(lambda: flight_size(stack) == 4)
         joined.set()
         left = leader.result(timeout=120)
-        wait_until(lambda: flight_size(stack) == 3)  # its gateway has seen it go; the generation has not ended
-        leader_id = stream.removeprefix(protocol.output_stream(""))
-        assert not last_event(stack, leader_id).finished  # so leaving could have cut it
-        answers = [f.result(timeout=120) for f in followers]
-    assert left["id"] == leader_id and left["finish_reason"] is None  # it went away mid-answer
+        wait_until(lambda: flight_size(stack) == 3)  # its gateway has seen it go, mid-generation
+        assert not last_event(stack, left["id"]).finished
+    answers = [f.result(timeout=120) for f in followers]
+    assert left["finish_reason"] is None and left["chunks"] == 1
     for answer in answers:
         assert answer["finish_reason"] == "length" and len(answer["token_ids"]) == MAX_TOKENS
-        assert answer["usage"]["mirror_sd"]["merged_into"] == leader_id
-    assert len(generations(stack) - before_streams) == 1
+        assert answer["usage"]["mirror_sd"]["merged_into"] == left["id"]
+    assert last_event(stack, left["id"]).finish_reason == "length"
+
+
+def test_when_every_client_has_gone_the_generation_stops(stack, model):
+    joined = threading.Event()
+    with ThreadPoolExecutor(max_workers=2) as pool, Hold(stack) as hold:
+        leader = pool.submit(stream_answer, stack.base_url, body(model), on_first=hold,
+                             stop_when=lambda _: joined.wait(60))
+        hold.wait()
+        follower = pool.submit(stream_answer, stack.base_url, body(model), stop_when=lambda _: joined.wait(60))
+        wait_until(lambda: flight_size(stack) == 3)
+        joined.set()
+        answers = [leader.result(timeout=120), follower.result(timeout=120)]
+        wait_until(lambda: flight_size(stack) == 0)  # the last one out deleted the flight and cancelled
+    assert all(a["finish_reason"] is None for a in answers)
+    leader_id, follower_id = answers[0]["id"], answers[1]["id"]
+    assert follower_id != leader_id
+    final = wait_until(lambda: (lambda e: e if e.finished else None)(last_event(stack, leader_id)))
+    assert final.finish_reason == "cancelled" and final.num_output_tokens < MAX_TOKENS
+    assert wait_until(lambda: rows(stack, [follower_id])[follower_id]["status"] == "cancelled")
 
 
 def test_deleting_one_subscriber_ends_its_answer_alone(stack, model):
-    before_streams = generations(stack)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        leader = pool.submit(stream_answer, stack.base_url, body(model))
-        wait_until(lambda: generations(stack) - before_streams)
+    with ThreadPoolExecutor(max_workers=2) as pool, Hold(stack) as hold:
+        leader = pool.submit(stream_answer, stack.base_url, body(model), on_first=hold)
+        hold.wait()
         follower_ids = []
         follower = pool.submit(stream_answer, stack.base_url, body(model), on_first=follower_ids.append)
         wait_until(lambda: follower_ids)
         deleted = httpx.delete(f"{stack.base_url}/v1/requests/{follower_ids[0]}").json()
         assert deleted["cancelled"] is True
-        cut, whole = follower.result(timeout=120), leader.result(timeout=120)
+        cut = follower.result(timeout=20)  # while the generation holds still
+    whole = leader.result(timeout=120)
     assert cut["finish_reason"] == "cancelled" and len(cut["token_ids"]) < MAX_TOKENS
     assert whole["finish_reason"] == "length" and len(whole["token_ids"]) == MAX_TOKENS
     assert cut["token_ids"] == whole["token_ids"][:len(cut["token_ids"])]
     assert wait_until(lambda: rows(stack, [cut["id"]])[cut["id"]]["status"] == "cancelled")
+    assert httpx.delete(f"{stack.base_url}/v1/requests/{cut['id']}").json()["cancelled"] is False
 
 
 def test_sampled_requests_merge_only_with_the_same_seed(stack, model):
-    sampled = {"temperature": 0.8, "ignore_eos": True, "max_tokens": MAX_TOKENS}
+    sampled = {"temperature": 0.8}
     before_streams = generations(stack)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        first = pool.submit(stream_answer, stack.base_url, body(model, **sampled, seed=7))
-        wait_until(lambda: generations(stack) - before_streams)
-        same = pool.submit(post_answer, stack.base_url, body(model, **sampled, seed=7))
         other_seed = pool.submit(post_answer, stack.base_url, body(model, **sampled, seed=8))
         no_seed = pool.submit(post_answer, stack.base_url, body(model, **sampled))
+        with Hold(stack) as hold:
+            first = pool.submit(stream_answer, stack.base_url, body(model, **sampled, seed=7), on_first=hold)
+            hold.wait()
+            same = pool.submit(post_answer, stack.base_url, body(model, **sampled, seed=7))
+            wait_until(lambda: any(stack.redis.hlen(key) == 3
+                                   for key in stack.redis.scan_iter(match=protocol.flight_key("*"))))
         answers = [first.result(timeout=120), same.result(timeout=120), other_seed.result(timeout=120),
                    no_seed.result(timeout=120)]
     merged = [a["usage"]["mirror_sd"]["merged_into"] for a in answers]
