@@ -31,7 +31,7 @@ from gateway.stream_tally import StreamShare
 from gateway.streaming import AnswerCancelled, IncrementalText, RequestTimeout, read_output, sd_stats
 from gateway.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
-from services.protocol import answer_cancel_key, output_stream
+from services.protocol import OutputEvent, answer_cancel_key, output_stream
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_to
     )
 
 
-def _read(state: GatewayState, submitted: Submitted, share: StreamShare) -> AsyncIterator:
+def _read(state: GatewayState, submitted: Submitted, share: StreamShare) -> AsyncIterator[OutputEvent]:
     """The generation's events (a follower's are its leader's); in a flight, this answer can be cancelled alone."""
     cancel = answer_cancel_key(submitted.request_id) if submitted.flight is not None else None
     return read_output(state, submitted.source_id, state.settings.gateway.request_timeout_s, submitted.spec.priority,
