@@ -123,7 +123,7 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
     bind_request(request_id)  # this request's task: every later line of it (and uvicorn's access line) names it
     ask = Ask(request_id, endpoint, params, prompt_ids, max_new_tokens, caller)
     key = flight_key(model=state.model.name, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, params=params,
-                     priority=caller.priority) if state.settings.gateway.single_flight else None
+                     priority=caller.priority) if state.settings.merging.single_flight else None
     if key is None:
         return await _start_session(state, ask, None)
     for _ in range(JOIN_ATTEMPTS):

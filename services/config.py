@@ -113,8 +113,6 @@ class GatewaySettings(BaseModel):
     max_inflight_per_key: int = Field(0, ge=0, description="requests in flight per API key before 429 (0: none)")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
     redis_pool_timeout_s: float = Field(10.0, gt=0, description="wait for a free Redis connection before 503")
-    single_flight: bool = Field(True, description="identical requests in flight at once (greedy, or sampled with "
-                                "the same seed) share one generation, streamed to each of their clients")
 
 
 class TelemetrySettings(BaseModel):
@@ -169,6 +167,8 @@ class MergingSettings(BaseModel):
     minhash_permutations: int = Field(64, ge=16, le=1024, description="MinHash size: more is more exact, slower")
     shingle_tokens: int = Field(4, ge=1, description="tokens per shingle of a prompt")
     index_size: int = Field(4096, ge=1, description="recent prompts the gateway's similarity index remembers")
+    single_flight: bool = Field(True, description="identical requests in flight at once (greedy, or sampled with "
+                                "the same seed) share one generation, streamed to each of their clients")
 
 
 def _default_cache_dir() -> Path:
