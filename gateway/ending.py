@@ -48,8 +48,9 @@ async def leave_flight(state: GatewayState, flight: Flight, *, ended: bool) -> i
 
 
 async def end_answer(state: GatewayState, flight: Flight | None, request_id: str, *, finished: bool) -> bool:
-    """After an answer, however it ended; best effort (Redis may be why it ended). True when this call
-    cancelled the generation (nobody else reads it)."""
+    """After an answer, however it ended (`finished`: its generation's last event was read, or, for a leader
+    that failed to start one, there is none to read); best effort (Redis may be why it ended). True when
+    this call cancelled the generation (nobody else reads it)."""
     try:
         if flight is not None:
             return await leave_flight(state, flight, ended=finished) == 0

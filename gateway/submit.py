@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 from gateway.admission import Rejected, Ticket
 from gateway.auth import Caller
-from gateway.ending import leave_flight
+from gateway.ending import end_answer
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
@@ -135,7 +135,7 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
             if spec is not None:
                 return await _follow(state, ask, flight, spec)
         except BaseException:  # no answer to read: out of the flight (the last one out cancels the generation)
-            await leave_flight(state, flight, ended=flight.leading)
+            await end_answer(state, flight, request_id, finished=flight.leading)
             raise
     logger.warning("request %s: leaders of flight %s kept giving up; starting its own session", request_id, key)
     return await _start_session(state, ask, None)
