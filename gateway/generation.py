@@ -1,19 +1,18 @@
 """The OpenAI-compatible generation endpoints: admission, the session, and its answer as one body or SSE.
 
 Whatever ends an answer (its last token, a timeout, the client leaving, Redis losing the request) gives the
-admission slot back and, unless the session finished, cancels it."""
+admission slot back and, unless the session finished, cancels it, or, for a request sharing an identical
+one's generation (gateway/single_flight.py), leaves that flight: the last reader out cancels."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import anyio
-import redis
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
@@ -22,17 +21,17 @@ from starlette.background import BackgroundTask
 from gateway import responses
 from gateway.admission import Ticket
 from gateway.auth import Caller, authenticate
+from gateway.ending import close_follower_row, end_answer
 from gateway.errors import APIError, error_body
 from gateway.recovery import RequestLost
 from gateway.refusal import early_ticket
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.state import GatewayState
-from gateway.streaming import IncrementalText, RequestTimeout, read_output, sd_stats
+from gateway.stream_tally import StreamShare
+from gateway.streaming import AnswerCancelled, IncrementalText, RequestTimeout, read_output, sd_stats
 from gateway.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
-from services.protocol import cancel_key
-from services.redis_client import REQUEST_TTL_S
-from services.storage import crud
+from services.protocol import OutputEvent, answer_cancel_key, output_stream
 
 logger = logging.getLogger(__name__)
 
@@ -41,27 +40,6 @@ router = APIRouter()
 
 def _state(request: Request) -> GatewayState:
     return request.app.state.gateway
-
-
-async def cancel_request(state: GatewayState, request_id: str) -> None:
-    await state.redis.set(cancel_key(request_id), b"1", ex=REQUEST_TTL_S)
-
-    def mark() -> None:
-        with state.db() as session:
-            row = crud.get_request(session=session, request_id=request_id)
-            if row is not None and row.status == "queued":
-                crud.update_request(session=session, request_id=request_id, status="cancelled",
-                                    finish_reason="cancelled", finished_at=datetime.now(timezone.utc))
-
-    await asyncio.to_thread(mark)
-
-
-async def _cancel_quietly(state: GatewayState, request_id: str) -> None:
-    """Cleanup after an answer ended early: best effort (Redis may be the reason it ended)."""
-    try:
-        await cancel_request(state, request_id)
-    except (redis.RedisError, OSError) as exc:
-        logger.warning("request %s: could not mark it cancelled (%s)", request_id, exc)
 
 
 async def _generate(request: Request, params: SamplingFields, caller: Caller, *, chat: bool,
@@ -86,21 +64,29 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         include_usage = bool(params.stream_options and params.stream_options.include_usage)
         # the background task covers a client gone before the stream starts (the generator never runs)
         return EventSourceResponse(_stream(request, state, submitted, params, chat, include_usage, ticket), sep="\n",
-                                   ping=15, background=BackgroundTask(state.admission.release, ticket))
+                                   ping=15, background=BackgroundTask(_after_stream, state, ticket, submitted))
     try:
         return await _collect(request, state, submitted, params, chat)
     finally:
         state.admission.release(ticket)
 
 
+async def _after_stream(state: GatewayState, ticket: Ticket, submitted: Submitted) -> None:
+    state.admission.release(ticket)
+    if submitted.flight is not None:  # out of the flight even if the stream never ran (leaving twice is harmless)
+        await end_answer(state, submitted.flight, submitted.request_id, finished=False)
+
+
 def _stats(submitted: Submitted, last) -> dict:
     spec = submitted.spec
     return {**sd_stats(last, submitted.request_id), "pool": spec.pool, "route": spec.route,
-            "routing_version": spec.routing_version}
+            "routing_version": spec.routing_version, "merged_into": submitted.merged_into}
 
 
 def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
-             first_token_at: float | None) -> None:
+             first_token_at: float | None, count_work: bool) -> None:
+    """Per request: its finish, tokens and latency. The generation's drafting stats only with count_work
+    (once per generation, whoever of its readers ends it: gateway/stream_tally.py)."""
     logger.info("request %s finished: %s, %d tokens in %.0f ms", submitted.request_id,
                 last.finish_reason if last else "no output", num_tokens, 1000 * (time.monotonic() - started))
     state.metrics.observe_finished(
@@ -108,43 +94,65 @@ def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_to
         finish_reason=last.finish_reason if last else None,
         prompt_tokens=len(submitted.spec.prompt_ids), completion_tokens=num_tokens,
         ttft_s=first_token_at - started if first_token_at else None,
-        total_s=time.monotonic() - started, event=last,
+        total_s=time.monotonic() - started, event=last if count_work else None,
     )
+
+
+def _read(state: GatewayState, submitted: Submitted, share: StreamShare) -> AsyncIterator[OutputEvent]:
+    """The generation's events (a follower's are its leader's); in a flight, this answer can be cancelled alone."""
+    cancel = answer_cancel_key(submitted.request_id) if submitted.flight is not None else None
+    return read_output(state, submitted.source_id, state.settings.gateway.request_timeout_s, submitted.spec.priority,
+                       share=share, cancel_key=cancel)
+
+
+async def _end(state: GatewayState, submitted: Submitted, chat: bool, share: StreamShare, *, last, finished: bool,
+               num_tokens: int, started: float, first_token_at: float | None) -> None:
+    """However the answer ended: the session cancelled or the flight left, metrics, a follower's row."""
+    ended_it = await end_answer(state, submitted.flight, submitted.request_id, finished=finished)
+    _observe(state, submitted, chat, last, num_tokens, started, first_token_at,
+             count_work=(finished or ended_it) and share.claim_end())
+    if submitted.merged_into is not None:
+        now = time.monotonic()
+        first_at = datetime.now(timezone.utc) - timedelta(seconds=now - first_token_at) if first_token_at else None
+        await close_follower_row(state, submitted.request_id, last=last, finished=finished, num_tokens=num_tokens,
+                                 first_token_at=first_at)
 
 
 async def _collect(request: Request, state: GatewayState, submitted: Submitted, params: SamplingFields,
                    chat: bool) -> JSONResponse:
     text = IncrementalText(state.model.tokenizer, params.stop)
     last = None
-    finished = False
+    finished = cancelled = False
     started, first_token_at = time.monotonic(), None
-    try:
-        async for event in read_output(state, submitted.request_id, state.settings.gateway.request_timeout_s,
-                                     submitted.spec.priority):
-            last = event
-            if event.token_ids and first_token_at is None:
-                first_token_at = time.monotonic()
-            text.feed(event.token_ids)
-            if event.finished:
-                finished = True
-            elif await request.is_disconnected():
-                break
-    except RequestTimeout as exc:
-        raise APIError(504, str(exc)) from exc
-    except RequestLost as exc:
-        state.metrics.lost.inc()
-        raise APIError(503, str(exc), code="request_lost", headers={"Retry-After": "2"}) from exc
-    finally:
-        if not finished:
-            await _cancel_quietly(state, submitted.request_id)
-        _observe(state, submitted, chat, last, len(text.token_ids), started, first_token_at)
+    with state.tally.reading(output_stream(submitted.source_id)) as share:
+        try:
+            async for event in _read(state, submitted, share):
+                last = event
+                if event.token_ids and first_token_at is None:
+                    first_token_at = time.monotonic()
+                text.feed(event.token_ids)
+                if event.finished:
+                    finished = True
+                elif await request.is_disconnected():
+                    break
+        except AnswerCancelled:
+            cancelled = True
+        except RequestTimeout as exc:
+            raise APIError(504, str(exc)) from exc
+        except RequestLost as exc:
+            state.metrics.lost.inc()
+            raise APIError(503, str(exc), code="request_lost", headers={"Retry-After": "2"}) from exc
+        finally:
+            await _end(state, submitted, chat, share, last=last, finished=finished, num_tokens=len(text.token_ids),
+                       started=started, first_token_at=first_token_at)
     if last is not None and last.finish_reason == "error":
         return JSONResponse(error_body(500, last.error or "generation failed"), status_code=500)
     build = responses.chat_body if chat else responses.completion_body
     body = build(
         request_id=submitted.request_id, model=state.model.name, text=text.text(),
-        finish_reason=last.finish_reason if last else None, prompt_tokens=len(submitted.spec.prompt_ids),
-        completion_tokens=len(text.token_ids), stats=_stats(submitted, last),
+        finish_reason="cancelled" if cancelled else (last.finish_reason if last else None),
+        prompt_tokens=len(submitted.spec.prompt_ids), completion_tokens=len(text.token_ids),
+        stats=_stats(submitted, last),
     )
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
@@ -171,43 +179,46 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
     finished = False
     last = None
     started, first_token_at = time.monotonic(), None
-    try:
-        if chat:
-            yield chunk("", first=True)
-        async for event in read_output(state, request_id, state.settings.gateway.request_timeout_s,
-                                     submitted.spec.priority):
-            last = event
-            if event.token_ids and first_token_at is None:
-                first_token_at = time.monotonic()
-            if event.finished:
-                finished = True
-                if event.finish_reason == "error":
-                    yield {"data": json.dumps(error_body(500, event.error or "generation failed"))}
-                    break
-                yield chunk(text.feed(event.token_ids) + text.finish(), event.finish_reason)
-            else:
-                delta = text.feed(event.token_ids)
-                if delta:
-                    yield chunk(delta)
-        if include_usage:
-            yield {"data": json.dumps(responses.usage_chunk(
-                request_id=request_id, model=model, chat=chat, prompt_tokens=len(submitted.spec.prompt_ids),
-                completion_tokens=len(text.token_ids), stats=_stats(submitted, last)))}
-        yield {"data": "[DONE]"}
-    except RequestTimeout as exc:  # an OpenAI-shaped error event, then the end of the stream
-        yield {"data": json.dumps(error_body(504, str(exc)))}
-        yield {"data": "[DONE]"}
-    except RequestLost as exc:
-        state.metrics.lost.inc()
-        yield {"data": json.dumps(error_body(503, str(exc), code="request_lost"))}
-        yield {"data": "[DONE]"}
-    finally:
-        state.admission.release(ticket)
-        _observe(state, submitted, chat, last, len(text.token_ids), started, first_token_at)
-        if not finished:  # client went away (or timeout): stop the session within a round
-            # The disconnect cancelled this task; shield the cleanup so it still runs.
+    with state.tally.reading(output_stream(submitted.source_id)) as share:
+        try:
+            if chat:
+                yield chunk("", first=True)
+            try:
+                async for event in _read(state, submitted, share):
+                    last = event
+                    if event.token_ids and first_token_at is None:
+                        first_token_at = time.monotonic()
+                    if event.finished:
+                        finished = True
+                        if event.finish_reason == "error":
+                            yield {"data": json.dumps(error_body(500, event.error or "generation failed"))}
+                            break
+                        yield chunk(text.feed(event.token_ids) + text.finish(), event.finish_reason)
+                    else:
+                        delta = text.feed(event.token_ids)
+                        if delta:
+                            yield chunk(delta)
+            except AnswerCancelled:  # this client's DELETE; the generation goes on for the others
+                yield chunk(text.finish(), "cancelled")
+            if include_usage:
+                yield {"data": json.dumps(responses.usage_chunk(
+                    request_id=request_id, model=model, chat=chat, prompt_tokens=len(submitted.spec.prompt_ids),
+                    completion_tokens=len(text.token_ids), stats=_stats(submitted, last)))}
+            yield {"data": "[DONE]"}
+        except RequestTimeout as exc:  # an OpenAI-shaped error event, then the end of the stream
+            yield {"data": json.dumps(error_body(504, str(exc)))}
+            yield {"data": "[DONE]"}
+        except RequestLost as exc:
+            state.metrics.lost.inc()
+            yield {"data": json.dumps(error_body(503, str(exc), code="request_lost"))}
+            yield {"data": "[DONE]"}
+        finally:
+            state.admission.release(ticket)
+            # A client gone cancelled this task; shield the cleanup so it still runs (and, unless the
+            # session finished, stops it within a round when nobody else reads it).
             with anyio.CancelScope(shield=True):
-                await _cancel_quietly(state, request_id)
+                await _end(state, submitted, chat, share, last=last, finished=finished,
+                           num_tokens=len(text.token_ids), started=started, first_token_at=first_token_at)
 
 
 @router.post("/v1/completions")

@@ -55,6 +55,9 @@ class GatewayMetrics:
         self.fleet = FleetCollector()
         r.register(self.fleet)
         self.live = LiveStats()  # the same observations per second, for the dashboard
+        self.single_flight_merged = Counter(
+            "mirror_sd:single_flight_merged", "Requests answered from an identical request's generation in flight "
+            "(single-flight followers)", registry=r)
 
     def observe_finished(self, *, endpoint: str, finish_reason: str | None, prompt_tokens: int,
                          completion_tokens: int, ttft_s: float | None, total_s: float, event) -> None:

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
-from gateway.generation import cancel_request
+from gateway.ending import cancel_answer
 from gateway.routing import current_table
 from gateway.state import GatewayState
 from gateway.workers import live_workers
@@ -82,7 +82,7 @@ async def delete_request(request_id: str, request: Request, caller: Caller = Dep
     row = await _owned_request(request, caller, request_id)
     if row.status in ("finished", "failed", "cancelled"):
         return {"id": request_id, "object": "request", "cancelled": False, "status": row.status}
-    await cancel_request(_state(request), request_id)
+    await cancel_answer(_state(request), request_id, row.params or {})
     return {"id": request_id, "object": "request", "cancelled": True, "status": "cancelling"}
 
 

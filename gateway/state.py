@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.admission import Admission
 from gateway.cache import Cached
 from gateway.similarity import SimilarityIndex
+from gateway.single_flight import SingleFlight
+from gateway.stream_tally import StreamTally
 from services.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,12 @@ class GatewayState:
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
     dashboard_cache: Cached = field(default_factory=lambda: Cached(0.5))  # /v1/dashboard (SNAPSHOT_CACHE_S)
     similarity: SimilarityIndex | None = None  # recent prompts, for cache-affinity routing (None: off)
+    flights: SingleFlight = None  # identical requests sharing one generation; built on `redis` when not given
+    tally: StreamTally = field(default_factory=StreamTally)  # each output stream's work counted once here
 
     def __post_init__(self) -> None:
+        if self.flights is None:
+            self.flights = SingleFlight(self.redis)
         if self.admission is None:
             gateway = self.settings.gateway
             self.admission = Admission(max_inflight=gateway.max_inflight, queue_limit=gateway.queue_limit,

@@ -11,6 +11,7 @@ import redis
 
 from gateway.recovery import RequestLost, check_stalled
 from gateway.state import GatewayState
+from gateway.stream_tally import StreamShare
 from services.engine.stopping import StopStrings
 from services.protocol import OutputEvent, output_stream
 from services.speculative.stats import SpecDecodingStats
@@ -22,21 +23,28 @@ class RequestTimeout(Exception):
     pass
 
 
+class AnswerCancelled(Exception):
+    """A DELETE of this client's request, whose generation goes on for others reading it (single-flight)."""
+
+
 STALL_CHECK_S = 2.0  # no event for this long: ask whether the session can still finish (gateway/recovery.py)
 REDIS_OUTAGE_S = 30.0  # Redis unreachable for longer: the request ends with an error
 RECONNECT_BACKOFF_S = (0.1, 2.0)
+CANCEL_CHECK_S = 0.25  # how often a reader looks for its own answer's cancellation (the draft driver's is 0.2 s)
 
 
-async def read_output(state: GatewayState, request_id: str, timeout_s: float,
-                      priority: int = 1) -> AsyncIterator[OutputEvent]:
+async def read_output(state: GatewayState, request_id: str, timeout_s: float, priority: int = 1, *,
+                      share: StreamShare | None = None, cancel_key: str | None = None) -> AsyncIterator[OutputEvent]:
     """Yield the request's events in order until the finished one (XREAD blocks on Redis).
 
     Rides out a Redis outage (reconnecting with backoff, from the last event read); raises RequestLost when
-    the request's state did not survive it, or when it lasts past REDIS_OUTAGE_S."""
+    the request's state did not survive it, or when it lasts past REDIS_OUTAGE_S. With `share`, tokens/s
+    counts only the events no other reader here counted; with `cancel_key`, raises AnswerCancelled once
+    that key is set."""
     stream = output_stream(request_id)
     last_id = "0-0"
     deadline = time.monotonic() + timeout_s
-    last_progress = checked_at = time.monotonic()
+    last_progress = checked_at = cancel_checked_at = time.monotonic()
     outage_since: float | None = None
     backoff = RECONNECT_BACKOFF_S[0]
     while True:
@@ -50,6 +58,10 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float,
             if not response and now - last_progress >= STALL_CHECK_S and now - checked_at >= STALL_CHECK_S:
                 checked_at = now
                 await check_stalled(state, request_id, priority, stalled_s=now - last_progress)
+            if cancel_key is not None and now - cancel_checked_at >= CANCEL_CHECK_S:
+                cancel_checked_at = now
+                if await state.redis.exists(cancel_key):
+                    raise AnswerCancelled(f"request {request_id}: answer cancelled")
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             now = time.monotonic()
             outage_since = outage_since or now
@@ -66,7 +78,8 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float,
                 event = OutputEvent.decode(fields[b"m"])
                 if state.similarity is not None and event.worker_id:
                     state.similarity.note_worker(request_id, event.worker_id)
-                if state.metrics is not None:  # tokens/s as they arrive, not when a long request ends
+                # tokens/s as they arrive, not when a long request ends; once however many read them
+                if state.metrics is not None and (share is None or share.first_sight(event.seq)):
                     state.metrics.live.add_tokens(len(event.token_ids))
                 yield event
                 if event.finished:

@@ -1,4 +1,5 @@
-"""Turn a validated HTTP request into a session: checks, SQL row, Redis spec, Celery task."""
+"""Turn a validated HTTP request into a session (checks, SQL row, Redis spec, Celery task), or into a follower of an
+identical one in flight."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 from gateway.admission import Rejected, Ticket
 from gateway.auth import Caller
+from gateway.ending import end_answer
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
 from gateway.routing import affinity_route, route_request
+from gateway.single_flight import Flight, flight_key
 from gateway.workers import missing_roles
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
@@ -27,10 +31,35 @@ from services.storage import crud
 logger = logging.getLogger(__name__)
 
 
+JOIN_ATTEMPTS = 3  # a follower whose leader gave up joins again (and may lead); then it goes alone
+
+
 @dataclass
 class Submitted:
+    request_id: str  # this client's: its response id and its SQL row
+    spec: SessionSpec  # the generation's (a follower's is its leader's)
+    flight: Flight | None = None
+
+    @property
+    def source_id(self) -> str:
+        """The request whose output stream holds this answer."""
+        return self.flight.leader_id if self.flight is not None else self.request_id
+
+    @property
+    def merged_into(self) -> str | None:
+        return self.flight.merged_into if self.flight is not None else None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A validated request about to be submitted."""
+
     request_id: str
-    spec: SessionSpec
+    endpoint: str
+    params: SamplingFields
+    prompt_ids: list[int]
+    max_new_tokens: int
+    caller: Caller
 
 
 def check_model(state: GatewayState, requested: str) -> None:
@@ -86,12 +115,46 @@ async def admit(state: GatewayState, caller: Caller) -> Ticket:
 
 async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: str, params: SamplingFields,
                  prompt_ids: list[int], default_max_tokens: int | None) -> Submitted:
-    """Validate, route, write the request row and spec, send the session task. The caller holds a slot."""
+    """Validate; then follow an identical generation in flight (gateway/single_flight.py), or start a session:
+    route, write the request row and spec, send the session task. The caller holds a slot."""
     max_new_tokens = resolve_max_tokens(state, params, len(prompt_ids), default_max_tokens)
     _validate(state, params, prompt_ids, max_new_tokens)
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    bind_request(request_id)  # this request's task: every later line of it (and uvicorn's access line) names it
+    ask = Ask(request_id, endpoint, params, prompt_ids, max_new_tokens, caller)
+    key = flight_key(model=state.model.name, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, params=params,
+                     priority=caller.priority) if state.settings.merging.single_flight else None
+    if key is None:
+        return await _start_session(state, ask, None)
+    for _ in range(JOIN_ATTEMPTS):
+        flight = await state.flights.join(key, request_id)
+        try:
+            if flight.leading:
+                return await _start_session(state, ask, flight)
+            spec = await state.flights.leader_spec(flight)
+            if spec is not None:
+                return await _follow(state, ask, flight, spec)
+        except BaseException:  # no answer to read: out of the flight (the last one out cancels the generation)
+            await end_answer(state, flight, request_id, finished=flight.leading)
+            raise
+    logger.warning("request %s: leaders of flight %s kept giving up; starting its own session", request_id, key)
+    return await _start_session(state, ask, None)
+
+
+def _row_params(ask: Ask, flight: Flight | None) -> dict:
+    params = ask.params
+    row = {"max_tokens": ask.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+           "top_k": params.top_k, "seed": params.seed, "stop": list(params.stop), "stream": params.stream}
+    if flight is not None:  # JSON, so no migration; a DELETE reads the flight from here
+        row.update(single_flight=flight.key, merged_into=flight.merged_into)
+    return row
+
+
+async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -> Submitted:
+    caller, params, request_id = ask.caller, ask.params, ask.request_id
     draft_pool = state.settings.worker.pool
-    route = await route_request(state, num_prompt_tokens=len(prompt_ids), priority=caller.priority)
-    sketch = state.similarity.sketch(prompt_ids) if state.similarity is not None else None
+    route = await route_request(state, num_prompt_tokens=len(ask.prompt_ids), priority=caller.priority)
+    sketch = state.similarity.sketch(ask.prompt_ids) if state.similarity is not None else None
     similar = None
     if sketch is not None:
         route, similar = await affinity_route(state, route, sketch)
@@ -102,12 +165,10 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
     if missing:
         raise APIError(503, f"no {' or '.join(missing)} worker is serving; retry shortly",
                        headers={"Retry-After": "5"})
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    bind_request(request_id)  # this request's task: every later line of it (and uvicorn's access line) names it
     spec = SessionSpec(
         request_id=request_id,
-        prompt_ids=prompt_ids,
-        max_new_tokens=max_new_tokens,
+        prompt_ids=ask.prompt_ids,
+        max_new_tokens=ask.max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
@@ -126,10 +187,9 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
         state,
         request_id=request_id,
         model=state.model.name,
-        endpoint=endpoint,
-        prompt_tokens=len(prompt_ids),
-        params={"max_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                "top_k": params.top_k, "seed": params.seed, "stop": list(params.stop), "stream": params.stream},
+        endpoint=ask.endpoint,
+        prompt_tokens=len(ask.prompt_ids),
+        params=_row_params(ask, flight),
         priority=caller.priority,
         route=spec.route,
         pool=pool,
@@ -142,7 +202,27 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
     if similar is not None and state.metrics is not None:
         state.metrics.affinity_routed.inc()
     logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s%s", request_id,
-                endpoint, len(prompt_ids), max_new_tokens, pool, spec.route, caller.priority,
+                ask.endpoint, len(ask.prompt_ids), ask.max_new_tokens, pool, spec.route, caller.priority,
                 f", similar to {similar.request_id} ({similar.similarity:.2f}): verify worker {similar.worker_id}"
                 if similar is not None else "")
-    return Submitted(request_id, spec)
+    return Submitted(request_id, spec, flight)
+
+async def _follow(state: GatewayState, ask: Ask, flight: Flight, spec: SessionSpec) -> Submitted:
+    """No session of its own: its row (the leader's route and pool), a "merged" event, the leader's spec."""
+    def record() -> None:
+        with state.db() as session:
+            crud.create_request(session=session, request_id=ask.request_id, model=state.model.name,
+                                endpoint=ask.endpoint, prompt_tokens=len(ask.prompt_ids),
+                                params=_row_params(ask, flight), priority=ask.caller.priority, route=spec.route,
+                                pool=spec.pool, api_key_id=ask.caller.api_key_id)
+            crud.update_request(session=session, request_id=ask.request_id, status="running",
+                                started_at=datetime.now(timezone.utc))
+            crud.record_event(session=session, kind="merged", request_id=ask.request_id,
+                              detail={"leader": flight.leader_id, "single_flight": flight.key})
+
+    await asyncio.to_thread(record)
+    if state.metrics is not None:
+        state.metrics.single_flight_merged.inc()
+    logger.info("request %s: %s, merged into %s (identical request in flight)", ask.request_id, ask.endpoint,
+                flight.leader_id)
+    return Submitted(ask.request_id, spec, flight)

@@ -167,6 +167,8 @@ class MergingSettings(BaseModel):
     minhash_permutations: int = Field(64, ge=16, le=1024, description="MinHash size: more is more exact, slower")
     shingle_tokens: int = Field(4, ge=1, description="tokens per shingle of a prompt")
     index_size: int = Field(4096, ge=1, description="recent prompts the gateway's similarity index remembers")
+    single_flight: bool = Field(True, description="identical requests in flight at once (greedy, or sampled with "
+                                "the same seed) share one generation, streamed to each of their clients")
 
 
 def _default_cache_dir() -> Path:

@@ -106,6 +106,18 @@ def revive_key(request_id: str, dead_owner: str) -> str:
     return f"{KEY_PREFIX}:revive:{request_id}:{dead_owner}"
 
 
+def flight_key(digest: str) -> str:
+    """Single-flight (gateway/single_flight.py): a hash of the leader and the subscribers of one generation
+    that identical requests share."""
+    return f"{KEY_PREFIX}:flight:{digest}"
+
+
+def answer_cancel_key(request_id: str) -> str:
+    """Single-flight: a DELETE of one subscriber's request. Its reader ends that client's answer; the
+    generation goes on while other subscribers read it (the generation's own is cancel_key)."""
+    return f"{KEY_PREFIX}:answer-cancel:{request_id}"
+
+
 def heartbeat_key(worker_id: str) -> str:
     return f"{KEY_PREFIX}:heartbeat:{worker_id}"
 
