@@ -64,13 +64,13 @@ class GatewayMetrics:
         self.requests.labels(endpoint, finish_reason or "unknown").inc()
         self.live.observe_finished(ttft_s=ttft_s, stats=event.stats if event is not None else None)
         self.prompt_tokens.inc(prompt_tokens)
-        self.prefix_queries.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         if ttft_s is not None:
             self.ttft.observe(ttft_s)
             if completion_tokens > 1:
                 self.tpot.observe((total_s - ttft_s) / (completion_tokens - 1))
-        if event is not None:
+        if event is not None:  # once per generation (a single-flight follower passes None)
+            self.prefix_queries.inc(prompt_tokens)
             self.prefix_hits.inc(event.num_cached_tokens)
             stats = event.stats
             self.num_drafts.inc(stats.num_drafts)

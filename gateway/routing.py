@@ -76,9 +76,10 @@ def choose_affinity(route: Route, similar: list[Similar], *, table: RoutingTable
     return route, None
 
 
-async def affinity_route(state: GatewayState, route: Route, sketch) -> tuple[Route, Similar | None]:
+async def affinity_route(state: GatewayState, route: Route, sketch, salt: str | None = None
+                         ) -> tuple[Route, Similar | None]:
     """Cache affinity for a request whose prompt sketch is `sketch` (gateway/similarity.py)."""
-    similar = state.similarity.most_similar(sketch) if state.similarity is not None else []
+    similar = state.similarity.most_similar(sketch, salt=salt) if state.similarity is not None else []
     if not similar:
         return route, None
     verify_pools = {beat.worker_id: beat.pool for beat in await live_workers(state) if beat.role == "verify"}

@@ -31,6 +31,9 @@ class SamplingFields(BaseModel):
     # Mirror-SD extension: "ar" asks for plain target decoding (no draft), e.g. to compare; "sd" is the
     # default, where the routing table may still choose plain decoding for the pool.
     route: Literal["sd", "ar"] | None = None
+    # vLLM extension: requests share work (a prefix's KV, an identical generation) only with requests of the same
+    # salt; a tenant's own salt keeps its prompts from being guessed through another tenant's timings.
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     user: str | None = None
 
     @field_validator("max_tokens")

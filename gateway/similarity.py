@@ -40,6 +40,7 @@ class Similar:
 @dataclass
 class _Entry:
     sketch: MinHash
+    salt: str | None = None
     worker_id: str = ""
 
 
@@ -60,12 +61,13 @@ class SimilarityIndex:
         sketch.update_batch(shingles(token_ids, self.shingle_tokens))
         return sketch
 
-    def most_similar(self, sketch: MinHash, *, exclude: frozenset[str] = frozenset()) -> list[Similar]:
-        """Recent prompts at least `threshold` similar whose verify worker is known, most similar first."""
+    def most_similar(self, sketch: MinHash, *, salt: str | None = None) -> list[Similar]:
+        """Recent prompts of the same cache salt, at least `threshold` similar, whose verify worker is known,
+        most similar first."""
         found = []
         for request_id in self._lsh.query(sketch):
             entry = self._entries.get(request_id)
-            if entry is None or not entry.worker_id or entry.worker_id in exclude:
+            if entry is None or not entry.worker_id or entry.salt != salt:
                 continue
             similarity = sketch.jaccard(entry.sketch)
             if similarity >= self.threshold:
@@ -73,11 +75,11 @@ class SimilarityIndex:
         found.sort(key=lambda item: item.similarity, reverse=True)
         return found
 
-    def add(self, request_id: str, sketch: MinHash) -> None:
+    def add(self, request_id: str, sketch: MinHash, salt: str | None = None) -> None:
         if request_id in self._entries:
             return
         self._lsh.insert(request_id, sketch)
-        self._entries[request_id] = _Entry(sketch)
+        self._entries[request_id] = _Entry(sketch, salt)
         while len(self._entries) > self.size:
             oldest, _ = self._entries.popitem(last=False)
             self._lsh.remove(oldest)

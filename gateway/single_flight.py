@@ -70,7 +70,8 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
     without a seed). Greedy output ignores top_p, top_k and seed, so they are left out of its key; the
     priority tier is in it, so a high-priority request never waits on a low-priority generation; the
     requested route too, since seeded samples differ between plain and speculative rounds and a client
-    asking for "ar" asks for that generation. Not in it: streaming and the endpoint's formatting."""
+    asking for "ar" asks for that generation; the cache salt, so requests only share within one. Not in it:
+    streaming and the endpoint's formatting."""
     sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                               seed=params.seed)
     if sampling.greedy:
@@ -82,7 +83,7 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
         return None
     fields = {"model": model, "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
               "stop": list(params.stop), "ignore_eos": bool(params.ignore_eos), "route": params.route or "sd",
-              "priority": priority, **knobs}
+              "priority": priority, "cache_salt": params.cache_salt, **knobs}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

@@ -157,7 +157,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
     sketch = state.similarity.sketch(ask.prompt_ids) if state.similarity is not None else None
     similar = None
     if sketch is not None:
-        route, similar = await affinity_route(state, route, sketch)
+        route, similar = await affinity_route(state, route, sketch, params.cache_salt)
     if params.route == "ar":
         route = replace(route, route="ar")
     pool = route.pool
@@ -181,6 +181,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         max_draft_tokens=route.max_draft_tokens,
         routing_version=route.table_version,
         verify_worker=similar.worker_id if similar is not None else None,
+        cache_salt=params.cache_salt,
     )
     await asyncio.to_thread(
         _create_row,
@@ -198,7 +199,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
     await state.redis.set(request_key(request_id), spec.encode(), ex=REQUEST_TTL_S)
     await send_session_task(state, request_id, spec.priority)
     if sketch is not None:
-        state.similarity.add(request_id, sketch)
+        state.similarity.add(request_id, sketch, params.cache_salt)
     if similar is not None and state.metrics is not None:
         state.metrics.affinity_routed.inc()
     logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s%s", request_id,

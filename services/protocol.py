@@ -254,6 +254,7 @@ class SessionSpec(Message):
     routing_version: int = 0
     created_at: float = field(default_factory=time.time)
     verify_worker: str | None = None  # cache affinity: the verify worker holding a similar request's KV
+    cache_salt: str | None = None  # KV is reused only between sessions of the same salt
 
 
 @dataclass

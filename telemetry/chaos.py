@@ -24,6 +24,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -84,7 +85,8 @@ def classify(reference: list[int] | None, outcome: Outcome) -> str:
 async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, max_tokens: int,
                route: str | None) -> Outcome:
     body = {"model": model, "messages": [{"role": "user", "content": prompt.prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "return_token_ids": True}
+            "temperature": 0, "stream": True, "return_token_ids": True,
+            "cache_salt": uuid.uuid4().hex}  # the drill repeats prompts at once: no single-flight, no shared KV
     if route:
         body["route"] = route
     for attempt in range(30):  # 503 (a worker role briefly missing, load): come back as told

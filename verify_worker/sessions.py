@@ -75,7 +75,7 @@ class VerifySession:
         return self.target.finished or self.round >= self.block_end_round
 
 
-Reuse = Callable[[TargetSession], int]  # starts a new session's KV from a common prefix; returns the positions
+Reuse = Callable[[TargetSession, str | None], int]  # a new session's KV from a common prefix of the same salt
 
 
 def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEvent],
@@ -91,7 +91,7 @@ def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEv
     stats = events[-1].stats.copy() if events else SpecDecodingStats()
     session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,
                             round_index=len(events))
-    reused = reuse(session) if reuse is not None else 0
+    reused = reuse(session, spec.cache_salt) if reuse is not None else 0
     return VerifySession(spec=spec, target=session,
                          num_cached_tokens=events[-1].num_cached_tokens if events else reused)
 
@@ -194,24 +194,26 @@ class SessionTable:
         if session is not None:
             target = session.target
             if retire and target.sequence.length >= self.merging.min_prefix_tokens:
-                self.retired.retire(request_id, target.token_ids, target.sequence)
+                self.retired.retire(request_id, target.token_ids, target.sequence, salt=session.spec.cache_salt)
             else:
                 target.release()
         return session
 
     def _prefix_sources(self) -> Iterator[PrefixSource]:
         for session in self._sessions.values():
-            yield PrefixSource(session.request_id, session.target.token_ids, session.target.sequence, retired=False)
+            yield PrefixSource(session.request_id, session.target.token_ids, session.target.sequence, retired=False,
+                               salt=session.spec.cache_salt)
         yield from self.retired
 
-    def reuse_prefix(self, target: TargetSession) -> int:
+    def reuse_prefix(self, target: TargetSession, salt: str | None = None) -> int:
         """Start a new session's empty KV from the longest common prefix a live or retired sequence holds (a
         copy: nothing stays shared); the positions reused, 0 when none is long enough or the copy does not
         fit the budget (the prompt is then prefilled as usual)."""
         if not self.merging.prefix_reuse or target.sequence.length:
             return 0
         self.prefix.lookups += 1
-        match = best_prefix(target.token_ids, self._prefix_sources(), min_tokens=self.merging.min_prefix_tokens)
+        match = best_prefix(target.token_ids, self._prefix_sources(), min_tokens=self.merging.min_prefix_tokens,
+                            salt=salt)
         if match is None:
             return 0
         store = self.engine.store

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import httpx
@@ -54,7 +55,10 @@ class LevelRun:
 async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, *, max_tokens: int,
                route: str | None) -> StreamRecord:
     body = {"model": model, "messages": [{"role": "user", "content": prompt.prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+            # the load repeats prompts at once: each request its own salt, so what is measured is batching, not
+            # single-flight or prefix reuse (`mirror-sd bench --merging` measures those)
+            "cache_salt": uuid.uuid4().hex}
     if route is not None:
         body["route"] = route
     started = time.perf_counter()

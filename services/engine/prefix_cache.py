@@ -44,6 +44,7 @@ class PrefixSource:
     token_ids: Sequence[int]  # the tokens of its cached positions (at least sequence.length of them)
     sequence: SequenceKV
     retired: bool  # a finished session's KV, kept for reuse
+    salt: str | None = None  # reused only by sessions of the same cache salt
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,14 @@ def reusable_length(token_ids: Sequence[int], source: PrefixSource) -> int:
     return min(common_prefix_length(token_ids, source.token_ids[:cached]), len(token_ids) - 1)
 
 
-def best_prefix(token_ids: Sequence[int], sources: Iterable[PrefixSource], *, min_tokens: int) -> PrefixMatch | None:
-    """The source sharing the longest prefix with token_ids (at least min_tokens); live sources win ties (a
-    retired one stays free to be evicted)."""
+def best_prefix(token_ids: Sequence[int], sources: Iterable[PrefixSource], *, min_tokens: int,
+                salt: str | None = None) -> PrefixMatch | None:
+    """The source of the same salt sharing the longest prefix with token_ids (at least min_tokens); live
+    sources win ties (a retired one stays free to be evicted)."""
     best: PrefixMatch | None = None
     for source in sources:
-        if source.sequence.released or source.sequence.length < min_tokens or not source.token_ids \
-                or source.token_ids[0] != token_ids[0]:
+        if source.salt != salt or source.sequence.released or source.sequence.length < min_tokens \
+                or not source.token_ids or source.token_ids[0] != token_ids[0]:
             continue
         length = reusable_length(token_ids, source)
         if length >= min_tokens and (best is None or length > best.length
@@ -91,13 +93,13 @@ class RetiredPrefixes:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def retire(self, key: str, token_ids: Sequence[int], sequence: SequenceKV) -> None:
+    def retire(self, key: str, token_ids: Sequence[int], sequence: SequenceKV, salt: str | None = None) -> None:
         """Keep `sequence` (now owned here) for reuse; releases it at once when nothing may be kept."""
         self.discard(key)
         if self.max_entries <= 0 or sequence.length == 0:
             sequence.release()
             return
-        self._entries[key] = PrefixSource(key, list(token_ids[: sequence.length]), sequence, retired=True)
+        self._entries[key] = PrefixSource(key, list(token_ids[: sequence.length]), sequence, retired=True, salt=salt)
         while len(self._entries) > self.max_entries:
             self.evict_one()
 

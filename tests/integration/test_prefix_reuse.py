@@ -142,3 +142,13 @@ def test_reuse_off_prefills_everything():
     assert len(table.retired) == 0 and table.engine.store.used_bytes == 0  # nothing kept
     session = build_session(table.engine, spec("b", SHARED + QUESTION_B), [], reuse=table.reuse_prefix)
     assert session.num_cached_tokens == 0 and table.prefix.lookups == 0
+
+
+def test_a_session_of_another_cache_salt_reuses_nothing_one_of_the_same_salt_does():
+    table = SessionTable(TorchEngine(build_tiny_llama(0)))
+    first = SessionSpec(request_id="a", prompt_ids=SHARED + QUESTION_A, max_new_tokens=4, cache_salt="tenant-a")
+    finish_in(table, first)
+    other = SessionSpec(request_id="b", prompt_ids=SHARED + QUESTION_B, max_new_tokens=4, cache_salt="tenant-b")
+    same = SessionSpec(request_id="c", prompt_ids=SHARED + QUESTION_B, max_new_tokens=4, cache_salt="tenant-a")
+    assert build_session(table.engine, other, [], reuse=table.reuse_prefix).num_cached_tokens == 0
+    assert build_session(table.engine, same, [], reuse=table.reuse_prefix).num_cached_tokens == len(SHARED)

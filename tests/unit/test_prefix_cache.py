@@ -74,3 +74,13 @@ def test_retired_prefixes_are_bounded_lru_and_release_their_memory():
     off = RetiredPrefixes(max_entries=0)
     off.retire("a", [1, 2], sequence(store, 2))
     assert len(off) == 0 and store.used_bytes == 0
+
+
+def test_sources_of_another_cache_salt_are_never_reused():
+    store = KVStore(SHAPE)
+    tokens = list(range(100))
+    theirs = PrefixSource("theirs", tokens, sequence(store, 90), retired=True, salt="tenant-a")
+    plain = PrefixSource("plain", tokens, sequence(store, 40), retired=True)
+    assert best_prefix(tokens, [theirs, plain], min_tokens=8).source.key == "plain"  # no salt: only unsalted
+    assert best_prefix(tokens, [theirs, plain], min_tokens=8, salt="tenant-a").source.key == "theirs"
+    assert best_prefix(tokens, [theirs, plain], min_tokens=8, salt="tenant-b") is None

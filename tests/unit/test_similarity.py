@@ -61,3 +61,11 @@ def test_affinity_skips_dead_and_hot_workers_and_respects_pool_weights():
     assert chosen.worker_id == "cpu-1" and route == ROUTE  # a pool without traffic is not used for affinity
     route, chosen = choose_affinity(ROUTE, similar[:2], table=table, verify_pools=pools)
     assert chosen is None and route == ROUTE
+
+
+def test_a_similar_prompt_of_another_cache_salt_is_not_offered():
+    similar = index()
+    similar.add("salted", similar.sketch(DOCUMENT), "tenant-a")
+    similar.note_worker("salted", "verify-0")
+    assert similar.most_similar(similar.sketch(DOCUMENT)) == []
+    assert [item.request_id for item in similar.most_similar(similar.sketch(DOCUMENT), salt="tenant-a")] == ["salted"]

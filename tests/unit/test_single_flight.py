@@ -36,6 +36,7 @@ def test_greedy_output_ignores_the_sampling_knobs_so_the_key_does():
 @pytest.mark.parametrize("change", [
     {"prompt_ids": [5, 6, 7, 9]}, {"prompt_ids": [5, 6, 7]}, {"max_new_tokens": 17}, {"priority": "high"},
     {"model": "other"}, {"stop": ["w1"]}, {"ignore_eos": True}, {"route": "ar"}, {"temperature": 0.5, "seed": 1},
+    {"cache_salt": "tenant-a"},
 ])
 def test_anything_that_changes_the_tokens_or_their_service_changes_the_key(change):
     assert key(**change) not in (None, key())
