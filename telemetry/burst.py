@@ -75,13 +75,16 @@ async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: di
     connection and the sends, so the server has accepted them all (its accept work is then not in the figures)."""
     parsed = httpx.URL(url)
     host, port = parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80)
-    content = json.dumps(body).encode()
-    head = ["POST /v1/chat/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
-            f"Content-Length: {len(content)}", "Connection: close",
-            *(f"{name}: {value}" for name, value in headers.items())]
-    payload = ("\r\n".join(head) + "\r\n\r\n").encode() + content
+    def payload(index: int) -> bytes:
+        # each request its own cache salt: a burst of distinct requests (identical ones would share one generation)
+        content = json.dumps({**body, "cache_salt": f"burst-{index}"}).encode()
+        head = ["POST /v1/chat/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+                f"Content-Length: {len(content)}", "Connection: close",
+                *(f"{name}: {value}" for name, value in headers.items())]
+        return ("\r\n".join(head) + "\r\n\r\n").encode() + content
+
     start = _Start()
-    tasks = [asyncio.create_task(_exchange(host, port, payload, timeout_s, start)) for _ in range(count)]
+    tasks = [asyncio.create_task(_exchange(host, port, payload(index), timeout_s, start)) for index in range(count)]
     for _ in range(200):  # until every connection is open (or failed), at most ~10 s
         await asyncio.sleep(0.05)
         if start.connected + sum(task.done() for task in tasks) >= count:

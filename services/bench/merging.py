@@ -89,7 +89,7 @@ def _median(values: list[float]) -> float:
 
 def run_merging_bench(*, url: str, model: str, api_key: str | None, prompts: list[BenchPrompt], out: Path,
                       redis_url: str | None, baseline_url: str | None = None, documents_count: int = 3,
-                      identical: int = 8, max_tokens: int = 16, unrelated: int = 6,
+                      identical: int = 8, max_tokens: int = 16, unrelated: int = 8,
                       progress=lambda line: None) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = httpx.Client(base_url=url, headers=headers, timeout=600)
@@ -125,12 +125,19 @@ def run_merging_bench(*, url: str, model: str, api_key: str | None, prompts: lis
     after_all = _tokens_stepped(redis_url, time.time())
     stepped = (None if None in (before, after_alone, after_all)
                else {"alone": after_alone - before, "together": after_all - after_alone})
+    baseline_together_s = None
+    if baseline_url:  # the same 8 where nothing merges: 8 generations batched
+        with httpx.Client(base_url=baseline_url, headers=headers, timeout=600) as other, \
+                ThreadPoolExecutor(identical) as pool:
+            started = time.perf_counter()
+            list(pool.map(lambda _: ask(other, model, shared_prompt, flight_tokens), range(identical)))
+            baseline_together_s = round(time.perf_counter() - started, 4)
     report["single_flight"] = {
         "requests": identical, "max_tokens": flight_tokens, "alone_s": round(alone.total_s, 4),
         "together_s": round(together_s, 4), "together_over_alone": round(together_s / alone.total_s, 4),
         "identical_answers": sum(a.token_ids == answers[0].token_ids for a in answers),
         "merged": sum(1 for a in answers if a.stats.get("merged_into")), "verify_tokens_stepped": stepped,
-        "started_after": mark,
+        "baseline_together_s": baseline_together_s, "started_after": mark,
     }
     progress(f"single-flight: 1 alone {alone.total_s:.2f}s, {identical} identical at once {together_s:.2f}s, "
              f"tokens stepped {stepped}")
@@ -140,10 +147,11 @@ def run_merging_bench(*, url: str, model: str, api_key: str | None, prompts: lis
     for index, prompt in enumerate(open_prompts[2 : 2 + unrelated]):
         text = f"[{run_tag}-u{index}] {prompt.prompt}"
         row = {"id": prompt.id}
-        ours = ask(client, model, text, max_tokens)
+        theirs = ask(baseline, model, text, flight_tokens) if baseline is not None and index % 2 else None
+        ours = ask(client, model, text, flight_tokens)  # who goes first alternates: no order effect
         row.update(ttft_s=round(ours.ttft_s, 4), total_s=round(ours.total_s, 4))
         if baseline is not None:
-            theirs = ask(baseline, model, text, max_tokens)
+            theirs = theirs or ask(baseline, model, text, flight_tokens)
             row.update(baseline_ttft_s=round(theirs.ttft_s, 4), baseline_total_s=round(theirs.total_s, 4),
                        identical=theirs.token_ids == ours.token_ids)
         rows.append(row)
@@ -174,11 +182,16 @@ def render(report: dict) -> str:
         f"| | {flight['requests']} identical at once | {flight['together_s']:.2f} s "
         f"({flight['together_over_alone']:.2f}x) |",
         f"| | identical answers / merged | {flight['identical_answers']} / {flight['merged']} |",
+        *([f"| | the same {flight['requests']} on the baseline (merging off) | {flight['baseline_together_s']:.2f} s |"]
+          if flight.get("baseline_together_s") is not None else []),
         f"| | target tokens stepped (alone, together) | {flight['verify_tokens_stepped']} |",
-        f"| unrelated ({len(unrelated['prompts'])} prompts) | total, median | {unrelated['total_s']:.3f} s |",
+        f"| unrelated ({len(unrelated['prompts'])} prompts, {flight['max_tokens']} tokens) | TTFT, median | "
+        f"{unrelated['ttft_s']:.3f} s |",
+        f"| | total, median | {unrelated['total_s']:.3f} s |",
     ]
     if "baseline_total_s" in unrelated:
-        lines += [f"| | baseline (merging off), median | {unrelated['baseline_total_s']:.3f} s |",
+        lines += [f"| | baseline (merging off): TTFT, total, median | {unrelated['baseline_ttft_s']:.3f} s, "
+                  f"{unrelated['baseline_total_s']:.3f} s |",
                   f"| | ours / baseline | {unrelated['total_over_baseline']:.2f}x |",
                   f"| | identical to baseline | {unrelated['identical']}/{len(unrelated['prompts'])} |"]
     return "\n".join(lines) + "\n"

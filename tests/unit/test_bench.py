@@ -135,3 +135,26 @@ def test_stratified_order_round_robins_categories_keeping_their_order():
     prompts = [BenchPrompt(f"{category}{index}", category, "p") for category, count in (("chat", 3), ("qa", 1), ("code", 2))
                for index in range(count)]
     assert [p.id for p in stratified(prompts)] == ["chat0", "qa0", "code0", "chat1", "code1", "chat2"]
+
+
+def test_merging_bench_documents_and_table():
+    import pytest
+
+    from services.bench.merging import documents, render
+    from services.bench.prompts import BenchPrompt
+
+    grounded = [BenchPrompt(f"g{i}", "qa", f"text {i} " * 300, context_chars=2000) for i in range(6)]
+    docs = documents([BenchPrompt("o", "chat", "hi"), *grounded], 3)
+    assert len(docs) == 3 and len(set(docs)) == 3 and all(len(doc) > 3000 for doc in docs)
+    with pytest.raises(ValueError, match="needs 8 grounded prompts"):
+        documents(grounded, 4)
+    report = {
+        "prefix": {"pairs": [{"prompt_tokens": 970, "warm_cached_tokens": 950}], "cold_ttft_s": 3.3,
+                   "warm_ttft_s": 0.18, "warm_over_cold": 0.0545},
+        "single_flight": {"requests": 8, "max_tokens": 64, "alone_s": 1.0, "together_s": 1.4,
+                          "together_over_alone": 1.4, "identical_answers": 8, "merged": 7,
+                          "verify_tokens_stepped": {"alone": 96, "together": 94}, "baseline_together_s": 5.0},
+        "unrelated": {"prompts": [{}] * 8, "ttft_s": 0.1, "total_s": 1.0},
+    }
+    table = render(report)
+    assert "| | warm / cold | 5.5% |" in table and "8 / 7" in table and "baseline (merging off) | 5.00 s" in table
