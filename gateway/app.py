@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 
@@ -42,6 +43,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics=GatewayMetrics(),
         )
         app.state.gateway = state
+        # Everything loaded so far (the tokenizer, transformers, torch's modules) lives as long as the process: out
+        # of the collector's sight, a burst's garbage collections stop walking it (pauses of 100s of ms at once).
+        gc.collect()
+        gc.freeze()
         logger.info("gateway serving %s (context %d)", state.model.name, state.model.max_context)
         try:
             yield

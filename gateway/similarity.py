@@ -51,13 +51,15 @@ class SimilarityIndex:
         self.shingle_tokens = settings.shingle_tokens
         self.size = settings.index_size
         self._lsh = MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
+        template = MinHash(num_perm=self.num_perm)
+        self._permutations, self._scheme = template.permutations, template.scheme  # drawn once, not per sketch
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def sketch(self, token_ids: Sequence[int]) -> MinHash:
-        sketch = MinHash(num_perm=self.num_perm)
+        sketch = MinHash(num_perm=self.num_perm, permutations=self._permutations, scheme=self._scheme)
         sketch.update_batch(shingles(token_ids, self.shingle_tokens))
         return sketch
 

@@ -96,12 +96,21 @@ async def _burst(url: str, body: dict, count: int, timeout_s: float, headers: di
     return results, time.perf_counter() - started
 
 
+def _run(coroutine):
+    """On uvloop when it is there (as the gateway is): the client's own turn per request is then smaller."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def run_burst(url: str, *, model: str, count: int, max_tokens: int = 8, timeout_s: float = 600.0,
               api_key: str | None = None, settle_s: float = 0.0) -> BurstReport:
     body = {"model": model, "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": max_tokens,
             "temperature": 0}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    results, wall_s = asyncio.run(_burst(url, body, count, timeout_s, headers, settle_s))
+    results, wall_s = _run(_burst(url, body, count, timeout_s, headers, settle_s))
     statuses = Counter(str(status) for status, _, _, error in results if not error)
     rejected = [ms for status, ms, _, _ in results if status in (503, 429)]
     return BurstReport(
