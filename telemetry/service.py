@@ -87,6 +87,8 @@ class TelemetryService:
         while not stop.is_set():
             try:
                 self.tick()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # an outage: the next tick tries again
+                logger.warning("telemetry tick skipped: Redis unreachable (%s)", exc)
             except redis.RedisError:
                 logger.exception("telemetry tick failed")
             stop.wait(interval)
