@@ -315,10 +315,12 @@ def test_when_every_client_has_gone_the_generation_stops(stack, model):
         joined.set()
         answers = [leader.result(timeout=120), follower.result(timeout=120)]
         wait_until(lambda: flight_size(stack) == 0)  # the last one out deleted the flight and cancelled
+        leader_id, follower_id = answers[0]["id"], answers[1]["id"]
+        # the draft side ends the stream while the verify worker still holds still: once it runs again, the
+        # tiny model would otherwise finish the answer before it looks for the cancellation
+        final = wait_until(lambda: (lambda e: e if e.finished else None)(last_event(stack, leader_id)))
     assert all(a["finish_reason"] is None for a in answers)
-    leader_id, follower_id = answers[0]["id"], answers[1]["id"]
     assert follower_id != leader_id
-    final = wait_until(lambda: (lambda e: e if e.finished else None)(last_event(stack, leader_id)))
     assert final.finish_reason == "cancelled" and final.num_output_tokens < MAX_TOKENS
     assert wait_until(lambda: rows(stack, [follower_id])[follower_id]["status"] == "cancelled")
 
