@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 
 import httpx
 import pytest
@@ -48,7 +49,10 @@ def pools_used(stack: Stack, count: int) -> list[str]:
     for index in range(count):
         body = httpx.post(f"{stack.base_url}/v1/completions", timeout=60,
                           json={"model": "smollm2-135m", "prompt": f"Number {index}:", "max_tokens": 2,
-                                "temperature": 0}).json()
+                                "temperature": 0,
+                                # a prompt seen before would go to its worker (cache affinity): the weights are
+                                # what is tested here, so nothing is shared
+                                "cache_salt": uuid.uuid4().hex}).json()
         pool = httpx.get(f"{stack.base_url}/v1/requests/{body['id']}").json()["pool"]
         assert body["mirror_sd"]["pool"] == pool
         pools.append(pool)
