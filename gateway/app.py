@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from gateway.access_log import AccessLog
 from gateway.dashboard import install_dashboard
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
@@ -18,6 +19,7 @@ from gateway.routes import router
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
 from services.config import Settings, get_settings
+from services.models.tokenization import encode_messages
 from services.storage.db import init_db, session_factory
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics=GatewayMetrics(),
         )
         app.state.gateway = state
+        warm_up(state)
         # Everything loaded so far (the tokenizer, transformers, torch's modules) lives as long as the process: out
         # of the collector's sight, a burst's garbage collections stop walking it (pauses of 100s of ms at once).
         gc.collect()
@@ -54,10 +57,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.redis.aclose()
             engine.dispose()
 
-    app = FastAPI(title="Mirror-SD gateway", version="0.1.0", lifespan=lifespan)
+    app = GatewayApp(title="Mirror-SD gateway", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(generation_router)
     app.include_router(router)
     install_dashboard(app)
-    app.add_middleware(EarlyAdmission)  # outermost: admission (and any refusal) before a body is read
     return app
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with the access log and admission in front of its whole middleware stack: a refusal
+    (gateway/refusal.py) goes out before any of FastAPI's layers or a route runs, at the cost of a header
+    lookup and a counter check."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._front = AccessLog(EarlyAdmission(super().__call__))
+
+    async def __call__(self, scope, receive, send) -> None:
+        scope["app"] = self  # as Starlette sets it: the layer finds the gateway's state through it
+        await self._front(scope, receive, send)
+
+
+def warm_up(state: GatewayState) -> None:
+    """What a first request would otherwise pay on the event loop, in front of a burst behind it: compiling
+    the chat template, the tokenizer's first call."""
+    tokenizer = state.model.tokenizer
+    if getattr(tokenizer, "chat_template", None):
+        encode_messages(tokenizer, [{"role": "user", "content": "warm-up"}])
+    tokenizer.encode("warm-up")

@@ -1,9 +1,9 @@
 """Admission before any request work: an ASGI layer in front of the application takes a generation request's
 admission slot (gateway/admission.py) as soon as its headers are in, when its caller is known from the headers
 alone (auth off, or a key in the cache). A refusal (503 full or draining, 429 a key over its limit) goes out
-then: the body is never read, nothing is parsed or validated, no route runs. An admitted request yields once
-before its own work starts, so the requests of the same burst behind it are answered first, and a refusal never
-waits behind the parsing and tokenizing of the requests let in.
+then: the body is never read, nothing is parsed or validated, no route runs. Admitted requests start their
+own work one per loop pass (gateway/turns.py), so a refusal never waits behind the parsing and tokenizing of
+a burst's admissions.
 
 The route finds the slot in the request's state (`early_ticket`); a request this layer cannot place (a key not
 cached yet) is admitted by the route the same way. The slot is given back when the response has been sent (or
@@ -11,14 +11,16 @@ the client left), whichever path took it; release is idempotent."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+from functools import lru_cache
 
 from fastapi import Request
 
+from gateway.access_log import REFUSED, RefusalSummary
 from gateway.admission import Rejected, Ticket
 from gateway.auth import known_caller
 from gateway.errors import error_body
+from gateway.turns import Turns
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 TICKET = "admission_ticket"
@@ -31,6 +33,15 @@ def early_ticket(request: Request) -> Ticket | None:
 class EarlyAdmission:
     def __init__(self, app) -> None:
         self.app = app
+        self.turns = Turns()
+        self.refusals = RefusalSummary()
+        self._counters: dict[int, object] = {}
+
+    def _rejected_counter(self, state, status_code: int):
+        counter = self._counters.get(status_code)
+        if counter is None:  # prometheus' labels() lookup costs more than the rest of a refusal
+            counter = self._counters[status_code] = state.metrics.rejected.labels(str(status_code))
+        return counter
 
     async def __call__(self, scope, receive, send) -> None:
         state = None
@@ -41,16 +52,24 @@ class EarlyAdmission:
         if caller is None:
             await self.app(scope, receive, send)
             return
-        try:
-            ticket = await state.admission.acquire(caller.priority, caller.api_key_id)
-        except Rejected as refused:
+        refused = state.admission.refusal(caller.priority, caller.api_key_id)  # the burst's common case, no await
+        if refused is None:
+            try:
+                ticket = await state.admission.acquire(caller.priority, caller.api_key_id)
+            except Rejected as exc:  # a wait in the queue that ran out
+                refused = exc
+        if refused is not None:
             if state.metrics is not None:
-                state.metrics.rejected.labels(str(refused.status_code)).inc()
-            await _answer(send, refused)
+                self._rejected_counter(state, refused.status_code).inc()
+            scope.setdefault("state", {})[REFUSED] = True  # counted in one line a second, not an access line each
+            self.refusals.count(refused.status_code)
+            start, body = _answer(refused)
+            await send(start)
+            await send(body)
             return
         scope.setdefault("state", {})[TICKET] = ticket
         try:
-            await asyncio.sleep(0)  # the rest of the burst first
+            await self.turns.take()  # one admitted request's first stretch per loop pass (gateway/turns.py)
             await self.app(scope, receive, send)
         finally:
             state.admission.release(ticket)
@@ -60,10 +79,17 @@ def _header(scope, name: bytes) -> str:
     return next((value.decode("latin-1") for key, value in scope["headers"] if key == name), "")
 
 
-async def _answer(send, refused: Rejected) -> None:
-    code = "rate_limit_exceeded" if refused.status_code == 429 else "overloaded"
-    body = json.dumps(error_body(refused.status_code, refused.message, code=code)).encode()
-    await send({"type": "http.response.start", "status": refused.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"retry-after", str(refused.retry_after_s).encode())]})
-    await send({"type": "http.response.body", "body": body})
+@lru_cache(maxsize=64)  # a handful of distinct refusals: each is built once
+def _refusal_messages(status_code: int, message: str, retry_after_s: int) -> tuple[dict, dict]:
+    code = "rate_limit_exceeded" if status_code == 429 else "overloaded"
+    body = json.dumps(error_body(status_code, message, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"retry-after", str(retry_after_s).encode())]
+    return {"type": "http.response.start", "status": status_code, "headers": headers}, \
+        {"type": "http.response.body", "body": body}
+
+
+def _answer(refused: Rejected) -> tuple[dict, dict]:
+    """The refusal's two ASGI messages (new dicts: a server may keep what it is sent)."""
+    start, body = _refusal_messages(refused.status_code, refused.message, refused.retry_after_s)
+    return dict(start), dict(body)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -171,6 +171,9 @@ class MergingSettings(BaseModel):
                                 "the same seed) share one generation, streamed to each of their clients")
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
 def _default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mirror-sd"))
 
@@ -216,6 +219,13 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(REDIS_SCHEMES):
+            raise ValueError(f"must be a {', '.join(REDIS_SCHEMES)} URL, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _refuse_unsafe_outside_development(self) -> "Settings":

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli.common import apply_env
+from services.cli.common import apply_env, describe_settings_error
 from services.cli import (
     bench,
     distill,
@@ -68,4 +68,12 @@ app.command("gateway")(gateway.gateway_command)
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    from pydantic import ValidationError
+
+    try:
+        app()
+    except ValidationError as exc:  # a bad MIRROR_SD_* value or config file, met by whichever command read it
+        if exc.title != "Settings":
+            raise
+        typer.echo(f"Error: {describe_settings_error(exc)}", err=True)
+        raise SystemExit(2) from None

@@ -16,6 +16,16 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
+def describe_settings_error(exc: Exception) -> str:
+    """A settings ValidationError as one line per bad value, each naming its MIRROR_SD_* variable."""
+    lines = []
+    for error in exc.errors():  # type: ignore[attr-defined]
+        path = [str(part) for part in error.get("loc", ())]
+        variable = "MIRROR_SD_" + "__".join(path).upper() if path else "the settings"
+        lines.append(f"{'.'.join(path) or 'settings'} ({variable}): {error.get('msg', 'invalid')}")
+    return "invalid settings: " + "; ".join(lines)
+
+
 def service_logging(service: str, *, worker_id: str | None = None, level: int | str = logging.INFO) -> None:
     """The log handler of a service process, in the settings' log_format (text, or one JSON object a line)."""
     from services.config import get_settings

@@ -40,5 +40,6 @@ def gateway_command(
                             timeout_graceful_shutdown=5,
                             # longer than clients keep idle connections (httpx: 5 s), so a client never
                             # reuses a connection the server is closing at that moment
-                            timeout_keep_alive=75)
+                            timeout_keep_alive=75,
+                            access_log=False)  # the gateway writes its own, with durations (gateway/access_log.py)
     DrainingServer(config, drain_timeout_s=settings.gateway.drain_timeout_s).run()

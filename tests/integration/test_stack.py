@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -273,6 +274,31 @@ def test_killed_verify_worker_loses_no_request(stack, client, reference):
     final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
     assert final["token_ids"] == expected
     stack.spawn_verify(killed)
+    stack.wait_ready()
+
+
+def test_sigterm_to_a_verify_worker_hands_its_session_off_and_it_exits_0(stack, client, reference):
+    """A drained verify worker (SIGTERM: an operator's stop, a rolling update) finishes its turn, withdraws
+    its heartbeat and exits 0; the draft side rebuilds the session on the other worker from its committed
+    prefix, so the stream goes on with no gap, duplicate or error."""
+    prompt = "List ten birds that cannot fly, one per line."
+    expected = reference(prompt, chat=True, max_tokens=64)
+    body = chat_body(prompt, max_tokens=64, stream=True)
+    drained = None
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = []
+        for event in iter_sse(response):
+            events.append(event)
+            if drained is None and len(events) >= 3:
+                drained = holder_of(stack, events[0]["id"])
+                stack.processes[drained].send_signal(signal.SIGTERM)
+    assert drained is not None and events[-1] == "[DONE]"
+    assert not any("error" in event for event in events[:-1])
+    final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
+    assert final["token_ids"] == expected
+    assert stack.processes[drained].wait(timeout=30) == 0
+    assert holder_of(stack, events[0]["id"]) != drained  # the later rounds were verified elsewhere
+    stack.spawn_verify(drained)
     stack.wait_ready()
 
 

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 APPS = ("gateway", "draft_worker", "verify_worker", "telemetry")
@@ -28,11 +30,16 @@ print(json.dumps({"loaded": loaded, "commands": names}))
 """
 
 
-def _python(*args: str) -> str:
-    """Run this interpreter on this checkout's code (not whatever an installed copy points at); its stdout."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run this interpreter on this checkout's code (not whatever an installed copy points at)."""
+    env = {**os.environ, **env,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
+
+
+def _python(*args: str) -> str:
+    done = _run(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -58,3 +65,14 @@ def test_every_command_is_still_there():
 def test_python_dash_m_runs_the_cli():  # `mirror-sd up` starts its children this way
     usage = _python("-m", "services.cli", "--help")
     assert "verify-worker" in usage and "telemetry" in usage
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("MIRROR_SD_REDIS_URL", "", "redis_url (MIRROR_SD_REDIS_URL)"),
+    ("MIRROR_SD_SCHEDULER__MAX_BATCH_SIZE", "many", "scheduler.max_batch_size (MIRROR_SD_SCHEDULER__MAX_BATCH_SIZE)"),
+])
+def test_a_bad_setting_is_one_line_naming_its_variable(variable, value, named):
+    done = _run("-m", "services.cli", "status", **{variable: value})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("Error: invalid settings: ") and named in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
