@@ -4,6 +4,8 @@ never a 500, and the admitted requests finish."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 
 import httpx
 import pytest
@@ -50,3 +52,10 @@ def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(stack):
     assert report.only_expected, (report.statuses, report.errors, report.missing_retry_after)
     assert report.statuses.get("200", 0) >= 1 and report.statuses.get("503", 0) >= 1
     assert httpx.get(f"{stack.base_url}/metrics").status_code == 200
+    # the refusals are counted in summary lines (one a second), not logged one by one; the admitted have a line each
+    time.sleep(1.5)
+    log = (stack.workdir / "gateway.log").read_text()
+    summarized = sum(int(count) for count in re.findall(r"refused (\d+) requests in", log))
+    assert summarized >= report.statuses["503"]  # this burst's, and the earlier test's
+    assert log.count('"POST /v1/chat/completions HTTP/1.1" 503') == 0
+    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') >= report.statuses["200"]

@@ -97,6 +97,17 @@ def test_a_killed_draft_worker_is_replaced_and_the_stream_resumes_identically(st
     assert text == builtin_target.tokenizer.decode(expected, skip_special_tokens=True)
 
 
+def test_sigterm_to_the_draft_worker_lets_its_session_finish_then_it_exits_0(stack, expected):
+    """Celery's warm shutdown: the draft worker takes no new session, drives the one it has to its end, exits 0."""
+    draft = stack.processes["draft-worker"]
+    events, _ = stream_with_fault(stack.base_url, lambda: draft.send_signal(signal.SIGTERM))
+    assert final_tokens(events) == expected
+    assert not any("error" in event for event in events[:-1])
+    assert draft.wait(timeout=60) == 0
+    stack.respawn("draft-worker")
+    stack.wait_ready()
+
+
 def test_a_killed_only_verify_worker_is_replaced_and_rebuilds_the_session(stack, expected):
     def kill_then_restart_later():
         stack.kill("verify-cpu-0")
