@@ -258,19 +258,24 @@ def holder_of(stack, request_id: str) -> str:
     return OutputEvent.decode(last[0][1][b"m"]).worker_id
 
 
-def test_killed_verify_worker_loses_no_request(stack, client, reference):
-    prompt = "List ten animals that live in the ocean, one per line."
+def stream_and_stop_its_verify_worker(stack, client, reference, prompt: str, stop) -> tuple[str, list, list[int]]:
+    """Stream `prompt`; after 3 events call stop(worker_id) on the worker holding its session. Returns
+    (that worker, the events, target-only decoding's tokens)."""
     expected = reference(prompt, chat=True, max_tokens=64)
-    body = chat_body(prompt, max_tokens=64, stream=True)
-    killed = None
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        events = []
+    stopped, events = None, []
+    with client.stream("POST", "/v1/chat/completions", json=chat_body(prompt, max_tokens=64, stream=True)) as response:
         for event in iter_sse(response):
             events.append(event)
-            if killed is None and len(events) >= 3:
-                killed = holder_of(stack, events[0]["id"])  # the worker that committed its latest round
-                stack.kill(killed)
-    assert killed is not None and events[-1] == "[DONE]"
+            if stopped is None and len(events) >= 3:
+                stopped = holder_of(stack, events[0]["id"])  # the worker that committed its latest round
+                stop(stopped)
+    assert stopped is not None and events[-1] == "[DONE]"
+    return stopped, events, expected
+
+
+def test_killed_verify_worker_loses_no_request(stack, client, reference):
+    killed, events, expected = stream_and_stop_its_verify_worker(
+        stack, client, reference, "List ten animals that live in the ocean, one per line.", stack.kill)
     final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
     assert final["token_ids"] == expected
     stack.spawn_verify(killed)
@@ -281,18 +286,9 @@ def test_sigterm_to_a_verify_worker_hands_its_session_off_and_it_exits_0(stack, 
     """A drained verify worker (SIGTERM: an operator's stop, a rolling update) finishes its turn, withdraws
     its heartbeat and exits 0; the draft side rebuilds the session on the other worker from its committed
     prefix, so the stream goes on with no gap, duplicate or error."""
-    prompt = "List ten birds that cannot fly, one per line."
-    expected = reference(prompt, chat=True, max_tokens=64)
-    body = chat_body(prompt, max_tokens=64, stream=True)
-    drained = None
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        events = []
-        for event in iter_sse(response):
-            events.append(event)
-            if drained is None and len(events) >= 3:
-                drained = holder_of(stack, events[0]["id"])
-                stack.processes[drained].send_signal(signal.SIGTERM)
-    assert drained is not None and events[-1] == "[DONE]"
+    drained, events, expected = stream_and_stop_its_verify_worker(
+        stack, client, reference, "List ten birds that cannot fly, one per line.",
+        lambda worker: stack.processes[worker].send_signal(signal.SIGTERM))
     assert not any("error" in event for event in events[:-1])
     final = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
     assert final["token_ids"] == expected
