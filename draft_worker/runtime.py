@@ -24,7 +24,7 @@ from draft_worker.driver import SessionDriver, SessionFailed
 from draft_worker.session import DraftSession
 from services import protocol
 from services.config import Settings, get_settings
-from services.engine.profile import measure_draft_profile
+from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource, load_draft_source
 from services.models.drafters.factory import needs_target_vocab, needs_target_weights, resolve_draft_spec
 from services.protocol import SessionSpec
@@ -130,7 +130,7 @@ def _build_runtime() -> DraftRuntime:
         vocab_size = target.vocab_size
     else:
         source = DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
-    profile = measure_draft_profile(source, vocab_size)
+    profile = cached_draft_profile(source, vocab_size, settings.cache_dir if settings.worker.profile_cache else None)
     logger.info("device profile: %s", profile)
     return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
                         worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)),

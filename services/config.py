@@ -93,8 +93,9 @@ class WorkerSettings(BaseModel):
     draft_concurrency: int = Field(128, ge=1, description="sessions one draft worker process drives at once (Celery "
                                    "task threads that only wait: one driver thread does the hot path for all)")
     pipelined_drafting: bool = Field(True, description="draft block k+1 while block k is verified")
-    profile_cache: bool = Field(True, description="verify workers keep their measured step-cost grid in "
-                                "cache_dir/profiles and reuse it while model, device and threads stay the same")
+    profile_cache: bool = Field(True, description="workers keep their measured profiles (the verify step-cost "
+                                "grid, the draft's cost per token) in cache_dir/profiles and reuse them while "
+                                "model, device and threads stay the same")
 
 
 class GatewaySettings(BaseModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -112,37 +113,47 @@ def step_table(profile: dict[str, float], rows: list[int], sizes: list[int]) -> 
     return "\n".join(lines)
 
 
-def profile_cache_key(target: LoadedModel, max_rows: int) -> str:
-    architecture = hashlib.sha256(target.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
-    facts = {"format": PROFILE_FORMAT, "model": target.name, "architecture": architecture,
-             "precision": target.precision, "layout": target.layout,
-             "device": str(target.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-             "rows": [rows for rows in STEP_ROWS if rows <= max_rows], "sizes": list(STEP_SIZES),
-             "verify": list(VERIFY_SIZES)}
+def _model_facts(model: LoadedModel) -> dict:
+    architecture = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    return {"model": model.name, "architecture": architecture, "precision": model.precision,
+            "layout": model.layout, "device": str(model.device)}
+
+
+def _key(facts: dict) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_cache_key(target: LoadedModel, max_rows: int) -> str:
+    return _key({"format": PROFILE_FORMAT, **_model_facts(target), "threads": torch.get_num_threads(),
+                 "torch": torch.__version__, "rows": [rows for rows in STEP_ROWS if rows <= max_rows],
+                 "sizes": list(STEP_SIZES), "verify": list(VERIFY_SIZES)})
+
+
+def _cached(path: Path | None, what: str, measure) -> dict[str, float]:
+    """The profile stored at path, or measure() (then stored there; path None: always measured)."""
+    if path is not None and path.is_file():
+        try:
+            profile = json.loads(path.read_text())
+            logger.info("%s profile from %s", what, path)
+            return profile
+        except ValueError:
+            logger.warning("unreadable profile cache %s: measuring again", path)
+    started = time.perf_counter()
+    profile = measure()
+    logger.info("measured the %s profile in %.1f s", what, time.perf_counter() - started)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(profile))
+        temporary.replace(path)  # atomic: two workers starting at once never read half a file
+    return profile
 
 
 def cached_verify_profile(engine: TargetEngine, cache_dir: Path | None, *, max_rows: int) -> dict[str, float]:
     """The step grid for this engine, from cache_dir/profiles when measured before with the same facts."""
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir) / "profiles" / f"{profile_cache_key(engine.target, max_rows)}.json"
-        if path.is_file():
-            try:
-                profile = json.loads(path.read_text())
-                logger.info("device profile from %s", path)
-                return profile
-            except ValueError:
-                logger.warning("unreadable profile cache %s: measuring again", path)
-    started = time.perf_counter()
-    profile = measure_verify_profile(engine, max_rows=max_rows, repeats=2)
-    logger.info("measured the device profile in %.1f s", time.perf_counter() - started)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(profile))
-        temporary.replace(path)  # atomic: two workers starting at once never read half a file
-    return profile
+    path = None if cache_dir is None else (
+        Path(cache_dir) / "profiles" / f"{profile_cache_key(engine.target, max_rows)}.json")
+    return _cached(path, "device", lambda: measure_verify_profile(engine, max_rows=max_rows, repeats=2))
 
 
 DRAFT_BATCH_SESSIONS = (4, 16)  # sessions per batched draft step timed for the cost model (besides 1)
@@ -199,12 +210,34 @@ def _time_draft_batch(engine, sessions: int, context: list[int], vocab_size: int
     return round(min(timings[1:]), 4)
 
 
+DRAFT_PROFILE_FORMAT = 1
+
+
+def draft_profile_key(source: DraftSource, vocab_size: int) -> str:
+    """Everything that changes what a draft costs here: the draft (its model, or its engine's own facts:
+    a GGUF file, llama.cpp's threads and slots), the process's threads, the grid measured."""
+    engine = getattr(source.engine, "engine", None)  # a torch draft engine's model is source.model
+    engine_facts = engine.profile_facts() if hasattr(engine, "profile_facts") else None
+    return _key({"format": DRAFT_PROFILE_FORMAT, "spec": source.spec, "hybrid": source.hybrid, "vocab": vocab_size,
+                 "model": None if source.model is None else _model_facts(source.model), "engine": engine_facts,
+                 "threads": torch.get_num_threads(), "torch": torch.__version__,
+                 "sessions": list(DRAFT_BATCH_SESSIONS)})
+
+
+def cached_draft_profile(source: DraftSource, vocab_size: int, cache_dir: Path | None) -> dict[str, float]:
+    """measure_draft_profile, from cache_dir/profiles when measured before with the same facts (a model
+    draft takes seconds: a draft worker its supervisor restarts takes work again that much sooner)."""
+    path = None if cache_dir is None else (
+        Path(cache_dir) / "profiles" / f"draft-{draft_profile_key(source, vocab_size)}.json")
+    return _cached(path, "draft", lambda: measure_draft_profile(source, vocab_size))
+
+
 def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:
     """The in-process cost model (batch 1): this target's verify curve (cached in cache_dir when given) and
     this draft's per-token cost (a synthetic draft, which replays reference runs, costs nothing)."""
     verify = cached_verify_profile(TorchEngine(target), cache_dir, max_rows=1)
     draft = 0.0 if source.references is not None else (
-        measure_draft_profile(source, target.vocab_size).get("draft_ms_per_token", 0.0))
+        cached_draft_profile(source, target.vocab_size, cache_dir).get("draft_ms_per_token", 0.0))
     return CostModel.from_profile(verify, draft)
 
 

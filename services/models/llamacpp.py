@@ -157,6 +157,7 @@ class LlamaCppEngine:
         self.context_tokens = int(lib.llama_n_ctx_seq(self.context))
         self.batch_tokens = int(lib.llama_n_batch(self.context))  # llama.cpp may lower it (to a small n_ctx)
         self.threads = threads
+        self.num_sequences = num_sequences
         self.vocab_size = model.vocab_size
         self._batch = lib.llama_batch_init(batch_tokens, 0, 1)
         self._free_slots = list(range(num_sequences - 1, -1, -1))
@@ -164,6 +165,13 @@ class LlamaCppEngine:
         self._clock = 0
         self.num_evictions = 0
         self.num_decoded_tokens = 0  # every token llama.cpp evaluated: a re-evaluated prefix shows up here
+
+    def profile_facts(self) -> dict:
+        """What changes this engine's speed, for a cached draft profile (services/engine/profile.py)."""
+        stat = self.model.path.stat()
+        return {"gguf": str(self.model.path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                "threads": self.threads, "sequences": self.num_sequences, "context": self.context_tokens,
+                "batch": self.batch_tokens, "llama_cpp": getattr(self.lib, "__version__", None)}
 
     # --- sequences --------------------------------------------------------------------------------
     def new_sequence(self) -> LlamaSequence:

@@ -1,5 +1,5 @@
-"""A burst over the gateway's admission limit (6 in flight, 6 waiting): the excess gets 503 with Retry-After,
-never a 500, and the admitted requests finish."""
+"""A burst over the gateway's admission limit (6 in flight, 6 waiting: conftest.py's `front_door_stack`): the
+excess gets 503 with Retry-After, never a 500, and the admitted requests finish."""
 
 from __future__ import annotations
 
@@ -10,18 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.stack import Stack
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    running = Stack(tmp_path_factory.mktemp("admission"), redis_db=14, verify_workers=1, auth=False,
-                    env={"MIRROR_SD_GATEWAY__MAX_INFLIGHT": "6", "MIRROR_SD_GATEWAY__QUEUE_LIMIT": "6",
-                         "MIRROR_SD_GATEWAY__QUEUE_TIMEOUT_S": "1", "MIRROR_SD_DRAFT": "ngram"}).start()
-    yield running
-    running.stop()
 
 
 async def burst(base_url: str, count: int) -> list[httpx.Response]:
@@ -32,8 +21,8 @@ async def burst(base_url: str, count: int) -> list[httpx.Response]:
         return list(await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(count))))
 
 
-def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(stack):
-    responses = asyncio.run(burst(stack.base_url, 40))
+def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(front_door_stack):
+    responses = asyncio.run(burst(front_door_stack.base_url, 40))
     codes = [response.status_code for response in responses]
     assert set(codes) <= {200, 503}, codes
     assert 1 <= codes.count(200) and codes.count(503) >= 40 - 2 * 6
@@ -42,19 +31,19 @@ def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(stack
             assert response.headers["Retry-After"] and "capacity" in response.json()["error"]["message"]
         else:
             assert response.json()["usage"]["completion_tokens"] >= 1
-    assert httpx.get(f"{stack.base_url}/readyz").json()["ready"]
+    assert httpx.get(f"{front_door_stack.base_url}/readyz").json()["ready"]
 
 
-def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(stack):
+def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(front_door_stack):
     from telemetry.burst import run_burst
 
-    report = run_burst(stack.base_url, model="smollm2-135m", count=300, max_tokens=2)
+    report = run_burst(front_door_stack.base_url, model="smollm2-135m", count=300, max_tokens=2)
     assert report.only_expected, (report.statuses, report.errors, report.missing_retry_after)
     assert report.statuses.get("200", 0) >= 1 and report.statuses.get("503", 0) >= 1
-    assert httpx.get(f"{stack.base_url}/metrics").status_code == 200
+    assert httpx.get(f"{front_door_stack.base_url}/metrics").status_code == 200
     # the refusals are counted in summary lines (one a second), not logged one by one; the admitted have a line each
     time.sleep(1.5)
-    log = (stack.workdir / "gateway.log").read_text()
+    log = (front_door_stack.workdir / "gateway.log").read_text()
     summarized = sum(int(count) for count in re.findall(r"refused (\d+) requests in", log))
     assert summarized >= report.statuses["503"]  # this burst's, and the earlier test's
     assert log.count('"POST /v1/chat/completions HTTP/1.1" 503') == 0

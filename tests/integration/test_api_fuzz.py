@@ -7,24 +7,13 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from tests.integration.stack import Stack
-
 pytestmark = pytest.mark.slow
 
 EXAMPLES = 40  # per operation
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    # generations are capped at 4 tokens so that a few hundred fuzzed requests stay quick
-    running = Stack(tmp_path_factory.mktemp("fuzz"), redis_db=12, verify_workers=1, auth=False,
-                    env={"MIRROR_SD_DRAFT": "ngram", "MIRROR_SD_MAX_NEW_TOKENS_LIMIT": "4"}).start()
-    yield running
-    running.stop()
-
-
-def test_no_input_gets_a_server_error(stack):
-    schema = schemathesis.openapi.from_url(f"{stack.base_url}/openapi.json")
+def test_no_input_gets_a_server_error(front_door_stack):
+    schema = schemathesis.openapi.from_url(f"{front_door_stack.base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/requests/{request_id}"}
     assert all(op.body for op in operations if op.path in ("/v1/chat/completions", "/v1/completions"))
@@ -35,7 +24,7 @@ def test_no_input_gets_a_server_error(stack):
         def check(case):
             if isinstance(case.body, dict) and "model" in case.body:
                 case.body["model"] = "smollm2-135m"  # an unknown model is one 404 (tested elsewhere): go deeper
-            response = case.call(base_url=stack.base_url, timeout=60)
+            response = case.call(base_url=front_door_stack.base_url, timeout=60)
             statuses.setdefault(case.path, set()).add(response.status_code)
             if response.status_code >= 500:
                 shown = {k: v for k, v in case.body.items() if k != "messages"} if isinstance(case.body, dict) else case.body

@@ -1,0 +1,75 @@
+"""Start-up profiles kept on disk: a worker restarted with the same model, draft and threads reads them back
+instead of measuring for seconds; a change to any of those facts measures again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.config import LlamaCppSettings
+from services.engine import profile as profiles
+from services.models.drafters import DraftSource, load_draft_source
+from services.models.engine import TorchEngine
+from tests.conftest import build_tiny_llama
+
+
+def refuse_to_measure(*args, **kwargs):
+    raise AssertionError("measured again: the cached profile should have been read")
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_model_draft_profile_is_measured_once_then_read_back(tmp_path, monkeypatch, threads):
+    target = build_tiny_llama(0)
+    source = DraftSource("self:fp32", target.with_precision("fp32"))
+    measured = profiles.cached_draft_profile(source, target.vocab_size, tmp_path)
+    assert measured["draft_ms_per_token"] > 0 and len(list((tmp_path / "profiles").glob("draft-*.json"))) == 1
+
+    with monkeypatch.context() as patched:
+        patched.setattr(profiles, "measure_draft_profile", refuse_to_measure)
+        assert profiles.cached_draft_profile(source, target.vocab_size, tmp_path) == measured
+        assert profiles.cached_draft_profile(DraftSource("self:fp32", target.with_precision("fp32")),
+                                             target.vocab_size, tmp_path) == measured  # a restarted worker's
+    torch.set_num_threads(1 if torch.get_num_threads() != 1 else 2)
+    profiles.cached_draft_profile(source, target.vocab_size, tmp_path)  # other threads: measured again
+    other = build_tiny_llama(1, vocab_size=40)  # another model
+    profiles.cached_draft_profile(DraftSource("self:fp32", other), other.vocab_size, tmp_path)
+    assert len(list((tmp_path / "profiles").glob("draft-*.json"))) == 3
+    # no cache dir (worker.profile_cache off): measured every time
+    with monkeypatch.context() as patched:
+        patched.setattr(profiles, "measure_draft_profile", refuse_to_measure)
+        with pytest.raises(AssertionError, match="measured again"):
+            profiles.cached_draft_profile(source, target.vocab_size, None)
+
+
+def test_the_verify_grid_is_read_back_and_an_unreadable_file_is_measured_again(tmp_path, monkeypatch):
+    engine = TorchEngine(build_tiny_llama(0))
+    measured = profiles.cached_verify_profile(engine, tmp_path, max_rows=2)
+    assert {"verify_ms_1", "step_ms_2x9"} <= set(measured)
+    (path,) = (tmp_path / "profiles").glob("*.json")
+    with monkeypatch.context() as patched:
+        patched.setattr(profiles, "measure_verify_profile", refuse_to_measure)
+        assert profiles.cached_verify_profile(engine, tmp_path, max_rows=2) == measured
+    path.write_text("{half a file")
+    assert set(profiles.cached_verify_profile(engine, tmp_path, max_rows=2)) == set(measured)
+    assert path.read_text().startswith("{\"verify_ms_1\"")  # replaced by the new measurement
+
+
+@pytest.mark.slow
+def test_a_llama_cpp_draft_is_keyed_by_its_gguf_threads_and_slots(builtin_target):
+    key = lambda source: profiles.draft_profile_key(source, builtin_target.vocab_size)  # noqa: E731
+    one = load_draft_source("gguf:smollm2-135m", builtin_target, num_threads=1,
+                            llamacpp=LlamaCppSettings(num_sequences=4, context_tokens=256))
+    again = load_draft_source("gguf:smollm2-135m", builtin_target, num_threads=1,
+                              llamacpp=LlamaCppSettings(num_sequences=4, context_tokens=256))
+    two = load_draft_source("gguf:smollm2-135m", builtin_target, num_threads=2,
+                            llamacpp=LlamaCppSettings(num_sequences=4, context_tokens=256))
+    slots = load_draft_source("gguf:smollm2-135m", builtin_target, num_threads=1,
+                              llamacpp=LlamaCppSettings(num_sequences=8, context_tokens=256))
+    assert key(one) == key(again)
+    assert len({key(one), key(two), key(slots)}) == 3
