@@ -2,8 +2,8 @@
 admission slot (gateway/admission.py) as soon as its headers are in, when its caller is known from the headers
 alone (auth off, or a key in the cache). A refusal (503 full or draining, 429 a key over its limit) goes out
 then: the body is never read, nothing is parsed or validated, no route runs. Admitted requests start their
-own work one per loop pass (gateway/turns.py), so a refusal never waits behind the parsing and tokenizing of
-a burst's admissions.
+own work one per loop pass, once requests stop arriving (gateway/turns.py), so a refusal never waits behind the
+parsing and tokenizing of a burst's admissions.
 
 The route finds the slot in the request's state (`early_ticket`); a request this layer cannot place (a key not
 cached yet) is admitted by the route the same way. The slot is given back when the response has been sent (or
@@ -52,6 +52,7 @@ class EarlyAdmission:
         if caller is None:
             await self.app(scope, receive, send)
             return
+        self.turns.arrived()
         refused = state.admission.refusal(caller.priority, caller.api_key_id)  # the burst's common case, no await
         if refused is None:
             try:

@@ -1,5 +1,6 @@
-"""The gateway's front door: admitted requests start one per loop pass (gateway/turns.py), and the access log
-writes one line per answered request and one summary a second for refusals (gateway/access_log.py)."""
+"""The gateway's front door: admitted requests start one per loop pass once arrivals pause (gateway/turns.py),
+and the access log writes one line per answered request and one summary a second for refusals
+(gateway/access_log.py)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,49 @@ def test_turns_let_a_refusal_in_between_two_admitted_requests():
 
     order = asyncio.run(scenario())
     assert order.index("refusal") < order.index("admitted-2")
+
+
+class Arrivals(PassCounter):
+    """Counts passes, and has a request arrive in each of the first `passes` of them (forever with None)."""
+
+    def __init__(self, turns: Turns, passes: int | None) -> None:
+        super().__init__()
+        self.turns, self.arriving_passes = turns, passes
+
+    def _tick(self) -> None:
+        if self.arriving_passes is None or self.passes < self.arriving_passes:
+            self.turns.arrived()
+        super()._tick()
+
+
+def granted_passes(arriving_passes: int | None, admitted: int, max_held_passes: int) -> list[int]:
+    """The pass each of `admitted` requests got its turn in, while requests arrive in the first passes."""
+    async def scenario():
+        turns = Turns(max_held_passes=max_held_passes)
+        arrivals, granted = Arrivals(turns, arriving_passes), []
+        arrivals.start()
+
+        async def request() -> None:
+            await turns.take()
+            granted.append(arrivals.passes)
+
+        await asyncio.gather(*(request() for _ in range(admitted)))
+        arrivals.running = False
+        return granted
+
+    return asyncio.run(scenario())
+
+
+def test_turns_wait_while_requests_keep_arriving_then_go_one_per_pass():
+    granted = granted_passes(arriving_passes=10, admitted=3, max_held_passes=16)
+    assert granted[0] > 10  # none while the burst's requests were still coming in (and being refused)
+    assert granted == sorted(set(granted)) and granted[-1] - granted[0] <= 3
+
+
+def test_a_steady_stream_of_arrivals_slows_turns_but_never_stops_them():
+    granted = granted_passes(arriving_passes=None, admitted=4, max_held_passes=5)
+    gaps = [later - earlier for earlier, later in zip(granted, granted[1:])]
+    assert granted[0] <= 8 and gaps == [6, 6, 6], granted  # held 5 passes, then one turn: one per 6 passes
 
 
 def scope(path: str = "/v1/chat/completions", **state) -> dict:
