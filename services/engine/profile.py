@@ -7,7 +7,8 @@ what it costs under load, where the controller weighs speculation against
 plain batched decoding (services/speculative/cost_model.py). Workers publish
 both in their heartbeats. Measuring the grid takes seconds, so a worker keeps
 it on disk, keyed by everything that changes it (model, precision, layout,
-device, threads, torch version, the grid itself).
+device, threads, torch version, the grid itself); a draft worker keeps its
+draft's cost the same way (a llama.cpp draft: its GGUF file, threads, slots).
 """
 
 from __future__ import annotations
