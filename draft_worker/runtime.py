@@ -26,8 +26,14 @@ from services import protocol
 from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource, load_draft_source
-from services.models.drafters.factory import needs_target_vocab, needs_target_weights, resolve_draft_spec
-from services.protocol import SessionSpec
+from services.models.drafters.factory import (
+    FALLBACK_DRAFT,
+    needs_target_vocab,
+    needs_target_weights,
+    resolve_draft_spec,
+)
+from services.models.llamacpp_check import LlamaCppFaultError
+from services.protocol import DraftFallback, SessionSpec
 from services.redis_client import REQUEST_TTL_S, connect, read_events, read_heartbeats
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
@@ -50,6 +56,7 @@ class DraftRuntime:
     worker_id: str
     db: object = None  # sessionmaker for SQL records; None = no records
     profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
+    fallback: DraftFallback | None = None  # the draft it was given cannot run here; draft_source is the stand-in
     driver: SessionDriver = field(init=False)
     recent: RecentRounds = field(default_factory=RecentRounds, init=False)
     _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
@@ -106,6 +113,40 @@ def get_runtime() -> DraftRuntime:
         return _build_runtime()
 
 
+def load_draft(settings: Settings) -> tuple[DraftSource, int, DraftFallback | None]:
+    """The draft this worker serves with, the vocabulary size to profile it at, and why it is not the one it was
+    given (None when it is): a model draft whose engine faults here is replaced by prompt lookup, once, loudly."""
+    spec = resolve_draft_spec(settings.draft, settings.target)
+    if spec.startswith("synthetic:"):
+        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
+    lookup = DraftSource(FALLBACK_DRAFT, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+    fallback = None
+    crashed = settings.worker.crashed_draft
+    if crashed is not None:  # restarted so by `mirror-sd up` after crashing at start
+        fallback = DraftFallback(draft=crashed.draft, fault=crashed.fault, reason=crashed.reason, serving=spec)
+    if not needs_target_vocab(spec):
+        return DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min), 1000, fallback
+    from services.models.loading import load_model, load_target_vocab
+
+    # a GGUF draft checks the target's vocabulary only: its weights stay on the verify side
+    target = (load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
+              if needs_target_weights(spec) else load_target_vocab(settings.target, cache_dir=settings.cache_dir))
+    try:
+        source = load_draft_source(spec, target, speculative=settings.speculative,
+                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
+                                   llamacpp=settings.llamacpp, num_threads=settings.num_threads,
+                                   cache_dir=settings.cache_dir)
+    except LlamaCppFaultError as exc:
+        if not settings.worker.draft_fallback:
+            raise
+        fallback = DraftFallback(draft=spec, fault=exc.check.fault or "failed", reason=exc.check.describe(),
+                                 serving=FALLBACK_DRAFT)
+        logger.error("%s (%s; worker.draft_fallback: false fails instead)", fallback.describe(),
+                     exc.check.kept_note() or "the check ran in a child process")
+        return lookup, target.vocab_size, fallback
+    return source, target.vocab_size, fallback
+
+
 @lru_cache(maxsize=1)
 def _build_runtime() -> DraftRuntime:
     import torch
@@ -113,28 +154,15 @@ def _build_runtime() -> DraftRuntime:
     settings = get_settings()
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
-    spec = resolve_draft_spec(settings.draft, settings.target)
-    if spec.startswith("synthetic:"):
-        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
     worker_id = settings.worker.worker_id or f"draft-{socket.gethostname()}-{os.getpid()}"
-    vocab_size = 1000  # enough for profiling prompt lookup
-    if needs_target_vocab(spec):
-        from services.models.loading import load_model, load_target_vocab
-
-        # a GGUF draft checks the target's vocabulary only: its weights stay on the verify side
-        target = (load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
-                  if needs_target_weights(spec) else load_target_vocab(settings.target, cache_dir=settings.cache_dir))
-        source = load_draft_source(spec, target, speculative=settings.speculative,
-                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
-                                   llamacpp=settings.llamacpp, num_threads=settings.num_threads)
-        vocab_size = target.vocab_size
-    else:
-        source = DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+    source, vocab_size, fallback = load_draft(settings)
+    if fallback is not None and settings.worker.crashed_draft is not None:
+        logger.error("%s", fallback.describe())
     profile = cached_draft_profile(source, vocab_size, settings.cache_dir if settings.worker.profile_cache else None)
     logger.info("device profile: %s", profile)
     return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
                         worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)),
-                        profile=profile)
+                        profile=profile, fallback=fallback)
 
 
 def _utc(timestamp: float | None) -> datetime | None:
@@ -232,7 +260,7 @@ class DraftHeartbeat(threading.Thread):
                 beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
                                           model=runtime.draft_source.spec, profile=runtime.profile,
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
-                                          host=socket.gethostname())
+                                          host=socket.gethostname(), draft_fallback=runtime.fallback)
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again

@@ -23,7 +23,8 @@ from gateway.auth import Caller, authenticate
 from gateway.routing import current_table
 from gateway.state import GatewayState
 from gateway.workers import live_workers
-from services.protocol import ROUTING_HISTORY_KEY, Heartbeat, RoutingTable
+from services.protocol import CHILDREN_KEY, ROUTING_HISTORY_KEY, Heartbeat, RoutingTable
+from services.redis_client import decode_children
 from services.storage import crud
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ def worker_view(beat: Heartbeat, table: RoutingTable | None, now: float) -> dict
     """A heartbeat without its start-up profile (large, and static), plus what the table says of it."""
     view = {name: getattr(beat, name) for name in WORKER_FIELDS}
     view.update(acceptance_rate=beat.acceptance_rate, age_s=round(now - beat.sent_at, 2),
+                draft_fallback=beat.draft_fallback.to_wire() if beat.draft_fallback else None,
                 hot=bool(table and beat.worker_id in table.hot_workers),
                 alert=bool(table and beat.worker_id in table.alerts))
     return view
@@ -86,6 +88,7 @@ async def build_snapshot(state: GatewayState) -> dict:
         "routing": table.to_dict() if table else None,
         "routing_history": history_view(history, now),
         "workers": [worker_view(beat, table, now) for beat in beats],
+        "children": [child.to_dict() for child in decode_children(await state.redis.hgetall(CHILDREN_KEY))],
         "summary": live.summary(now=now),
         "throughput": live.series(60, now=now),
         "acceptance_per_position": live.acceptance_per_position(),

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from gateway.live_stats import LiveStats
-from services.protocol import Heartbeat, RoutingTable
+from services.protocol import CHILD_STATES, ChildStatus, Heartbeat, RoutingTable
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class FleetCollector:
     def __init__(self) -> None:
         self.beats: list[Heartbeat] = []
         self.table: RoutingTable | None = None
-        self.restarts: dict[str, int] = {}  # `mirror-sd up`'s supervisor: child name -> restarts
+        self.children: list[ChildStatus] = []  # `mirror-sd up`'s supervisor: its children, as last published
 
     def collect(self):
         readings = {
@@ -124,8 +124,22 @@ class FleetCollector:
         yield weights
         yield version
         yield alerts
+        fallbacks = GaugeMetricFamily("mirror_sd:draft_fallback", "1 while a draft worker serves with a fallback "
+                                      "draft because the one it was given cannot run here", labels=["worker", "draft",
+                                                                                                    "serving", "fault"])
+        for beat in self.beats:
+            if beat.draft_fallback is not None:
+                fallback = beat.draft_fallback
+                fallbacks.add_metric([beat.worker_id, fallback.draft, fallback.serving, fallback.fault], 1.0)
+        yield fallbacks
         restarts = GaugeMetricFamily("mirror_sd:child_restarts", "Restarts of each `mirror-sd up` child process "
                                      "by its supervisor", labels=["child"])
-        for child, count in sorted(self.restarts.items()):
-            restarts.add_metric([child], count)
+        states = GaugeMetricFamily("mirror_sd:child_state", "1 for the state each `mirror-sd up` child is in "
+                                   "(failed: it kept dying at start and is no longer restarted)",
+                                   labels=["child", "state"])
+        for child in self.children:
+            restarts.add_metric([child.name], child.restarts)
+            for state in CHILD_STATES:
+                states.add_metric([child.name, state], 1.0 if child.state == state else 0.0)
         yield restarts
+        yield states

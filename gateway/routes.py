@@ -1,4 +1,4 @@
-"""HTTP endpoints: models, request status and cancellation, health, metrics.
+"""HTTP endpoints: models, request status and cancellation, health, version, metrics.
 
 Generation (/v1/completions, /v1/chat/completions) is in gateway/generation.py; the fleet views (/v1/telemetry, /v1/dashboard, the /dashboard page) are in gateway/dashboard.py."""
 
@@ -18,8 +18,10 @@ from gateway.ending import cancel_answer
 from gateway.routing import current_table
 from gateway.state import GatewayState
 from gateway.workers import live_workers
+from services import __version__
 from services.logs import bind_request
-from services.protocol import RESTARTS_KEY
+from services.protocol import CHILDREN_KEY
+from services.redis_client import decode_children
 from services.storage import crud
 
 logger = logging.getLogger(__name__)
@@ -88,24 +90,50 @@ async def delete_request(request_id: str, request: Request, caller: Caller = Dep
 
 @router.get("/healthz")
 async def healthz() -> dict:
+    """Alive (the process answers), whatever the fleet behind it."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
-async def readyz(request: Request) -> JSONResponse:
-    state = _state(request)
+async def readiness(state: GatewayState) -> dict:
+    """Whether this gateway can serve now, and what it rests on: Redis, live draft and verify workers; draft
+    workers serving with a fallback draft, and children of `mirror-sd up` that failed, named."""
     if state.draining:  # SIGTERM: load balancers stop sending here while in-flight streams finish
-        return JSONResponse({"ready": False, "draining": True, "inflight": state.inflight}, status_code=503)
-    checks = {"redis": False, "draft_workers": 0, "verify_workers": 0, "model": state.model.name}
+        return {"ready": False, "draining": True, "inflight": state.inflight}
+    checks: dict = {"redis": False, "draft_workers": 0, "verify_workers": 0, "model": state.model.name}
     try:
         checks["redis"] = bool(await state.redis.ping())
         beats = await live_workers(state, fresh=True)
         checks["draft_workers"] = sum(1 for b in beats if b.role == "draft")
         checks["verify_workers"] = sum(1 for b in beats if b.role == "verify")
+        checks["draft_fallbacks"] = [{"worker": b.worker_id, **b.draft_fallback.to_wire()}
+                                     for b in beats if b.draft_fallback is not None]
+        children = decode_children(await state.redis.hgetall(CHILDREN_KEY))
+        checks["failed_children"] = [{"name": c.name, "last_exit": c.last_exit, "detail": c.detail}
+                                     for c in children if c.state == "failed"]
     except Exception as exc:  # readiness reports, it does not crash
         checks["error"] = f"{type(exc).__name__}: {exc}"
-    ready = checks["redis"] and checks["draft_workers"] >= 1 and checks["verify_workers"] >= 1
-    return JSONResponse({"ready": ready, **checks}, status_code=200 if ready else 503)
+    return {"ready": checks["redis"] and checks["draft_workers"] >= 1 and checks["verify_workers"] >= 1, **checks}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    body = await readiness(_state(request))
+    return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """vLLM's, SGLang's, TGI's and llama.cpp server's probe (load-test clients such as guidellm call it first):
+    200 while this gateway can serve a request, else 503 with the reason."""
+    body = await readiness(_state(request))
+    if body["ready"]:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "unavailable", **body}, status_code=503)
+
+
+@router.get("/version")
+async def version() -> dict:
+    return {"version": __version__}
 
 
 @router.get("/metrics")
@@ -116,8 +144,7 @@ async def metrics(request: Request) -> Response:
     try:  # the fleet's part comes from Redis; without it the gateway's own figures are still served
         state.metrics.fleet.beats = await live_workers(state, fresh=True)
         state.metrics.fleet.table = await current_table(state)
-        state.metrics.fleet.restarts = {name.decode(): int(count) for name, count in
-                                        (await state.redis.hgetall(RESTARTS_KEY)).items()}
+        state.metrics.fleet.children = decode_children(await state.redis.hgetall(CHILDREN_KEY))
     except redis.RedisError as exc:
         logger.warning("/metrics without the fleet's figures: %s", exc)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -76,6 +76,17 @@ class LlamaCppSettings(BaseModel):
     context_tokens: int = Field(2048, ge=64, description="draft KV positions per session (prompt + output); a "
                                 "longer session is decoded by the target alone past this")
     batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode call (prefill goes in pieces)")
+    check_engine: bool = Field(True, description="decode the GGUF once in a child process before loading llama.cpp "
+                               "in-process (cached per GGUF, build and CPU): a build that faults on this CPU is "
+                               "refused with its fault named instead of killing the process")
+
+
+class CrashedDraft(BaseModel):
+    """A draft a worker process kept crashing with at start (services/stack.py's draft_fallback)."""
+
+    draft: str
+    fault: str  # the signal, e.g. SIGSEGV
+    reason: str
 
 
 class WorkerSettings(BaseModel):
@@ -96,6 +107,13 @@ class WorkerSettings(BaseModel):
     profile_cache: bool = Field(True, description="workers keep their measured profiles (the verify step-cost "
                                 "grid, the draft's cost per token) in cache_dir/profiles and reuse them while "
                                 "model, device and threads stay the same")
+    draft_fallback: bool = Field(True, description="draft workers: a model draft that cannot run here (its "
+                                 "engine crashes, hangs or fails its check, or under `mirror-sd up` the worker "
+                                 "keeps crashing at start) is replaced by prompt lookup, lossless but slower, and "
+                                 "the heartbeat says so (draft_fallback); false: the worker fails instead")
+    crashed_draft: CrashedDraft | None = Field(None, description="set by `mirror-sd up`'s supervisor (JSON) when "
+                                               "it restarts a draft worker that kept crashing at start with prompt "
+                                               "lookup: the draft that crashed and how; the heartbeat says so")
 
 
 class GatewaySettings(BaseModel):
@@ -175,7 +193,7 @@ class MergingSettings(BaseModel):
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mirror-sd"))
 
 
@@ -194,7 +212,7 @@ class Settings(BaseSettings):
     environment: Literal["development", "test", "production"] = "development"
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = Field(default_factory=_default_database_url)
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    cache_dir: Path = Field(default_factory=default_cache_dir)
 
     target: str = "smollm2-135m"
     target_precision: Precision = "fp32"

@@ -128,8 +128,10 @@ HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
 TRANSPORT_SAMPLES_MAX = 20000
 DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (draft_worker/pipeline.py)
-# `mirror-sd up`'s supervisor: restarts per child name (a hash), exported by the gateway's /metrics.
-RESTARTS_KEY = f"{KEY_PREFIX}:supervisor:restarts"
+# `mirror-sd up`'s supervisor: child name -> ChildStatus (a hash, rewritten on every change and every few
+# seconds, expiring when no supervisor writes it), read by /metrics, /readyz, the dashboard and `mirror-sd status`.
+CHILDREN_KEY = f"{KEY_PREFIX}:supervisor:children"
+CHILDREN_TTL_S = 10
 
 
 class ProtocolError(ValueError):
@@ -142,12 +144,13 @@ M = TypeVar("M", bound="Message")
 @dataclass
 class Message:
     KIND: ClassVar[str] = ""
-    NESTED: ClassVar[dict[str, type]] = {}  # field -> class with to_wire() / from_wire(map)
+    NESTED: ClassVar[dict[str, type]] = {}  # field -> class with to_wire() / from_wire(map); None travels as nil
 
     def to_dict(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in self.NESTED:
-            body[name] = body[name].to_wire()
+            if body[name] is not None:
+                body[name] = body[name].to_wire()
         return body
 
     def encode(self) -> bytes:
@@ -168,7 +171,7 @@ class Message:
                 shown = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
                 raise ValueError(f"{name} must be {shown}, got {type(value).__name__}")
         for name, nested in cls.NESTED.items():
-            if name in known:
+            if name in known and not (known[name] is None and conforms(None, hints[name])):
                 if not isinstance(known[name], dict):
                     raise ValueError(f"{name} must be a map")
                 known[name] = nested.from_wire(known[name])
@@ -349,6 +352,31 @@ class OutputEvent(Message):
 
 
 @dataclass
+class DraftFallback:
+    """A draft worker serving with another draft than it was given: which failed, how, what serves instead."""
+
+    draft: str  # the spec that could not run, e.g. gguf:smollm2-135m
+    fault: str  # e.g. "SIGSEGV", "hung", "exit code 1"
+    reason: str  # one line: what happened and where, e.g. "llama.cpp crashed with SIGSEGV in llama_decode (...)"
+    serving: str  # the draft serving instead, e.g. ngram
+    since: float = field(default_factory=time.time)
+
+    def to_wire(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "DraftFallback":
+        known = {name: data[name] for name in _field_hints(cls) if name in data}
+        for name, value in known.items():
+            if not conforms(value, _field_hints(cls)[name]):
+                raise ValueError(f"draft_fallback.{name} has the wrong type ({type(value).__name__})")
+        return cls(**known)
+
+    def describe(self) -> str:
+        return f"draft {self.draft} cannot run here: {self.reason}; drafting with {self.serving} instead"
+
+
+@dataclass
 class Heartbeat(Message):
     KIND: ClassVar[str] = "heartbeat"
     worker_id: str
@@ -373,7 +401,9 @@ class Heartbeat(Message):
     prefix_cache: dict = field(default_factory=dict)  # verify workers: lookups, hits, reused_tokens (cumulative), retired
     pid: int = 0  # the worker's process on its host (the chaos drill's kill -9)
     host: str = ""
+    draft_fallback: DraftFallback | None = None  # draft workers: the draft they were given cannot run here
     sent_at: float = field(default_factory=time.time)
+    NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback}
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -403,4 +433,24 @@ class RoutingTable(Message):
     hot_workers: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)  # live verify workers
     alerts: list[str] = field(default_factory=list)  # workers whose rejection rate is over the line
+    updated_at: float = field(default_factory=time.time)
+
+
+CHILD_STATES = ("starting", "running", "restarting", "failed", "stopped")
+
+
+@dataclass
+class ChildStatus(Message):
+    """One child process of `mirror-sd up` as its supervisor sees it (services/supervisor.py)."""
+
+    KIND: ClassVar[str] = "child_status"
+    name: str
+    state: str  # one of CHILD_STATES; "failed": it kept dying at start and is no longer restarted
+    pid: int = 0
+    restarts: int = 0
+    failures: int = 0  # deaths in a row before it got going
+    last_exit: str | None = None  # "SIGSEGV", "SIGKILL", "exit code 3"
+    fallback: str | None = None  # settings it was restarted with after crashing at start, e.g. "draft=ngram"
+    log_path: str | None = None
+    detail: str = ""  # why it failed, one line
     updated_at: float = field(default_factory=time.time)

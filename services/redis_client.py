@@ -7,7 +7,7 @@ import logging
 import redis
 
 from services import protocol
-from services.protocol import HEARTBEAT_PATTERN, Heartbeat, OutputEvent, ProtocolError
+from services.protocol import CHILDREN_KEY, HEARTBEAT_PATTERN, ChildStatus, Heartbeat, OutputEvent, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,22 @@ class RoundCommitter:
 def read_events(client: redis.Redis, request_id: str) -> list[OutputEvent]:
     """Every output event of a request so far, in order."""
     return [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(protocol.output_stream(request_id))]
+
+
+def decode_children(raw: dict) -> list[ChildStatus]:
+    """The supervisor's hash (CHILDREN_KEY) as ChildStatus messages, by name; bad entries are skipped."""
+    children = []
+    for _, value in sorted(raw.items()):
+        try:
+            children.append(ChildStatus.decode(value))
+        except ProtocolError as exc:
+            logger.warning("ignoring a bad child status: %s", exc)
+    return children
+
+
+def read_children(client: redis.Redis) -> list[ChildStatus]:
+    """What `mirror-sd up`'s supervisor last published of its children (empty: no supervisor, e.g. compose)."""
+    return decode_children(client.hgetall(CHILDREN_KEY))
 
 
 def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:

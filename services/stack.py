@@ -30,9 +30,10 @@ from pathlib import Path
 import httpx
 import redis
 
-from services.models.drafters.factory import is_model_draft, resolve_draft_spec
+from services.config import CrashedDraft
+from services.models.drafters.factory import FALLBACK_DRAFT, is_model_draft, resolve_draft_spec
 from services.pools import DECLARED_KIND, VerifyPool
-from services.protocol import RESTARTS_KEY
+from services.protocol import CHILDREN_KEY, CHILDREN_TTL_S
 from services.redis_client import is_reachable
 from services.supervisor import Child, GaveUp, Supervisor
 
@@ -119,7 +120,7 @@ def pool_commands(pools: list[VerifyPool], *, verify_threads: int) -> dict[str, 
 def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_workers: int = 1,
                stop: threading.Event | None = None) -> None:
     """Ready = /readyz says so and every verify worker heartbeats (so every pool can take sessions). A child
-    that dies meanwhile is restarted; one that keeps dying (GaveUp) ends the start-up."""
+    that dies meanwhile is restarted; one that keeps dying (marked failed) ends the start-up, naming it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if stop is not None and stop.is_set():
@@ -128,6 +129,8 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_w
             supervisor.check()
         except GaveUp as exc:
             raise RuntimeError(f"{exc} during start-up") from exc
+        if supervisor.failed():
+            raise RuntimeError("; ".join(child.detail for child in supervisor.failed()) + " during start-up")
         try:
             answer = httpx.get(f"{base_url}/readyz", timeout=2)
             if answer.status_code == 200 and answer.json().get("verify_workers", 0) >= verify_workers:
@@ -189,10 +192,15 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     pins = pinned_cores(list(commands), usable) if pin else {}
     grace = {"gateway": get_settings().gateway.drain_timeout_s + 10}
     children = {name: Child(name, command, child_env, affinity=pins.get(name),
-                            log_path=log_dir / f"{name}.log" if log_dir else None, grace_s=grace.get(name, 15.0))
+                            log_path=log_dir / f"{name}.log" if log_dir else None, grace_s=grace.get(name, 15.0),
+                            essential=name == "gateway")
                 for name, command in commands.items()}
-    supervisor = Supervisor(children, on_restart=lambda name, _: count_restart(redis_url, name))
+    if model_draft and get_settings().worker.draft_fallback:
+        children["draft-worker"].fallback = draft_fallback(resolve_draft_spec(draft, get_settings().target))
+    publisher = ChildPublisher(redis_url)
+    supervisor = Supervisor(children, on_change=lambda _: publisher.publish(supervisor.children.values()))
     if private is not None:
+        redis_child.essential = True
         supervisor.children = {"redis": redis_child, **children}
     try:
         supervisor.start(skip=("redis",))
@@ -205,15 +213,29 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     return supervisor, private
 
 
-def count_restart(redis_url: str, name: str, wait_s: float = 3.0) -> None:
-    """One more restart of `name`, for the gateway's /metrics (waits a moment: the child may be Redis itself)."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            client.hincrby(RESTARTS_KEY, name, 1)
-            return
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+def draft_fallback(spec: str):
+    """The draft worker's fallback for its supervisor: restarted after crashing at start, it drafts with prompt
+    lookup and says why in its heartbeat (worker.crashed_draft)."""
+    def fallback(reason: str, fault: str) -> tuple[dict[str, str], str]:
+        crashed = CrashedDraft(draft=spec, fault=fault, reason=reason)
+        return ({"MIRROR_SD_DRAFT": FALLBACK_DRAFT, "MIRROR_SD_WORKER__CRASHED_DRAFT": crashed.model_dump_json()},
+                f"draft {FALLBACK_DRAFT} instead of {spec}")
+
+    return fallback
+
+
+class ChildPublisher:
+    """Every child's ChildStatus in one Redis hash (CHILDREN_KEY), expiring unless a supervisor rewrites it, for
+    /metrics, /readyz, the dashboard and `mirror-sd status`. One quick try: the child that just died may be
+    Redis itself, whose restart must not wait on this; `up` publishes again every few seconds."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+    def publish(self, children) -> None:
+        mapping = {child.name: child.status().encode() for child in children}
+        with self.client.pipeline() as pipe:
+            pipe.delete(CHILDREN_KEY)
+            pipe.hset(CHILDREN_KEY, mapping=mapping)
+            pipe.expire(CHILDREN_KEY, CHILDREN_TTL_S)
+            pipe.execute()

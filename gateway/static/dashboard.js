@@ -90,14 +90,32 @@ function renderPools(snap) {
   document.getElementById("pools").replaceChildren(...(cards.length ? cards
     : [el("p", {class: "muted"}, "no verify worker is heartbeating")]));
   const drafts = snap.workers.filter((w) => w.role === "draft");
-  document.getElementById("drafts").replaceChildren(drafts.length
-    ? el("table", {class: "workers"},
-        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "beat"]
+  const fallbacks = drafts.filter((w) => w.draft_fallback).map((w) =>
+    el("p", {class: "fallback-note", "data-worker": w.worker_id},
+       `${w.worker_id}: draft ${w.draft_fallback.draft} cannot run here: ${w.draft_fallback.reason}; ` +
+       `drafting with ${w.draft_fallback.serving} instead`));
+  document.getElementById("drafts").replaceChildren(...(drafts.length
+    ? [el("table", {class: "workers"},
+        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "beat", ""]
           .map((h) => el("th", {}, h)))),
         el("tbody", {}, ...drafts.map((w) => el("tr", {"data-worker": w.worker_id},
-          el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {}, w.model),
-          el("td", {}, w.num_sessions), el("td", {}, `${fmt.num(w.age_s)} s`)))))
-    : el("p", {class: "muted"}, "no draft worker is heartbeating"));
+          el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {class: "draft"}, w.model),
+          el("td", {}, w.num_sessions), el("td", {}, `${fmt.num(w.age_s)} s`),
+          el("td", {class: "flags"}, ...(w.draft_fallback
+            ? [el("span", {class: "badge alert", title: w.draft_fallback.reason},
+                  `fallback (${w.draft_fallback.fault})`)] : [])))))),
+       ...fallbacks]
+    : [el("p", {class: "muted"}, "no draft worker is heartbeating")]));
+}
+
+function renderChildren(snap) {
+  const section = document.getElementById("children-panel");
+  section.hidden = !snap.children.length;
+  document.getElementById("children").replaceChildren(...snap.children.map((c) =>
+    el("tr", {"data-child": c.name, class: `child ${c.state}`},
+      el("td", {class: "id"}, c.name), el("td", {class: "state"}, c.state), el("td", {}, c.pid || "-"),
+      el("td", {}, c.restarts), el("td", {}, c.last_exit || "-"),
+      el("td", {class: "detail"}, c.detail || (c.fallback ? `restarted with ${c.fallback}` : "")))));
 }
 
 function minuteTicks(start, end) {
@@ -199,6 +217,7 @@ function setConn(text, kind) {
 function render(snap) {
   renderHeader(snap);
   renderPools(snap);
+  renderChildren(snap);
   renderWeights(snap);
   renderRates(snap);
   renderAcceptance(snap);

@@ -24,6 +24,7 @@ from services.cli import (
     gateway,
     generate,
     keys,
+    llamacpp,
     models,
     status,
     telemetry,
@@ -57,6 +58,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(telemetry.app, name="telemetry")
 app.add_typer(keys.app, name="keys")
 app.add_typer(drill.app, name="drill")
+app.add_typer(llamacpp.app, name="llamacpp")
 app.command()(generate.generate)
 app.command()(bench.bench)
 app.command()(distill.distill)

@@ -102,6 +102,8 @@ def generate(
                 speculative=speculative,
                 precision=draft_precision or settings.draft_precision,
                 chunk_size=settings.prefill_chunk_size,
+                llamacpp=settings.llamacpp,
+                cache_dir=settings.cache_dir,
             )
         if target_model.tokenizer is None:
             raise ValueError(f"target {target_model.name!r} has no tokenizer; it cannot take a text prompt")

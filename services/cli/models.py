@@ -78,7 +78,8 @@ def models_profile(
         results = measure_verify_profiles(loaded, context_tokens=context, rounds=repeats)
         if draft:
             for layout in chosen:
-                source = load_draft_source(draft, loaded[layout], speculative=settings.speculative)
+                source = load_draft_source(draft, loaded[layout], speculative=settings.speculative,
+                                           llamacpp=settings.llamacpp, cache_dir=settings.cache_dir)
                 results[layout].update(measure_draft_profile(source, loaded[layout].vocab_size,
                                                              context_tokens=context, repeats=repeats))
     except (ValueError, MirrorSDError) as exc:

@@ -16,16 +16,17 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     import time
 
     from services.config import get_settings
-    from services.redis_client import connect
-    from services.redis_client import read_heartbeats
+    from services.redis_client import connect, read_children, read_heartbeats
     from telemetry.service import read_routing_table
 
     client = connect(get_settings().redis_url)
     beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
     table = read_routing_table(client)
+    children = read_children(client)
     if as_json:
         typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
-                                   "routing": table.to_dict() if table else None}))
+                                   "routing": table.to_dict() if table else None,
+                                   "children": [child.to_dict() for child in children]}))
         return
     typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':11} {'temp':>6} {'util':>5} {'accept':>6} "
                f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
@@ -41,3 +42,15 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         weights = ", ".join(f"{pool} {weight:.2f}" for pool, weight in table.pool_weights.items())
         typer.echo(f"routing v{table.version}: {weights}; ar {table.ar_pools or '-'}; degraded "
                    f"{table.degraded_pools or '-'}; hot {table.hot_workers or '-'}; alerts {table.alerts or '-'}")
+    for beat in beats:
+        if beat.draft_fallback is not None:
+            typer.echo(f"fallback: {beat.worker_id}: {beat.draft_fallback.describe()}")
+    if children:
+        typer.echo("processes (mirror-sd up): " + ", ".join(
+            f"{child.name} {child.state}" + (f" ({child.restarts} restarts, last {child.last_exit})"
+                                             if child.restarts else "") for child in children))
+    for child in children:
+        if child.state == "failed":
+            typer.echo(f"failed: {child.detail}")
+        elif child.fallback:
+            typer.echo(f"restarted with a fallback: {child.name}: {child.fallback}")

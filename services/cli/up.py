@@ -27,6 +27,7 @@ def up(
     """Run the local stack (gateway, draft worker, verify workers, telemetry) with the built-in model until Ctrl-C."""
     import signal as signal_lib
     import threading
+    import time
 
     from services.config import get_settings
     from services.pools import fallback_pool, parse_verify_pools
@@ -76,6 +77,7 @@ def up(
     if private is not None:  # other shells' mirror-sd status / telemetry commands must find this Redis
         typer.echo(f"private Redis at {private.url}: in another shell, export MIRROR_SD_REDIS_URL={private.url}",
                    err=True)
+    _say_fallbacks(port)
     typer.echo(f"dashboard: http://127.0.0.1:{port}/dashboard", err=True)
     typer.echo(
         f"ready. Try:\n  curl -s localhost:{port}/v1/chat/completions -H 'Content-Type: application/json' "
@@ -84,15 +86,36 @@ def up(
         err=True,
     )
     code = 0
+    published = 0.0
     try:
         while not stop.wait(0.5):
-            supervisor.check()  # restarts a child that died
+            supervisor.check()  # restarts a child that died; marks one that keeps failing at start
+            if time.monotonic() - published > 2.0:
+                supervisor.publish()  # the states expire in Redis unless refreshed: a dead `up` leaves none
+                published = time.monotonic()
     except GaveUp as exc:
         typer.echo(f"{exc}; stopping the stack", err=True)
         code = 1
     finally:
         typer.echo("stopping: the gateway drains its streams first ...", err=True)
         supervisor.stop()
+        supervisor.publish()
         if private is not None:
             private.stop()
     raise typer.Exit(code)
+
+
+def _say_fallbacks(port: int) -> None:
+    """Once, at the front: a draft worker serving with a fallback draft (its model draft cannot run here)."""
+    import httpx
+
+    from services.protocol import DraftFallback
+
+    try:
+        fallbacks = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).json().get("draft_fallbacks", [])
+    except (httpx.HTTPError, ValueError):
+        return
+    for entry in fallbacks:
+        worker = entry.pop("worker", "a draft worker")
+        typer.echo(f"warning: {worker}: {DraftFallback.from_wire(entry).describe()} (lossless, slower; see "
+                   "`mirror-sd llamacpp check`)", err=True)

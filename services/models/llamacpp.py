@@ -29,10 +29,11 @@ import numpy as np
 import torch
 
 from services.errors import MirrorSDError
+from services.models.llamacpp_build import DISTRIBUTION, LLAMA_CPP_PYTHON_VERSION
 
 logger = logging.getLogger(__name__)
 
-LLAMA_CPP_PACKAGE = "llama-cpp-python==0.3.36"  # the version `make install` builds (pinned: its C API moves)
+LLAMA_CPP_PACKAGE = f"{DISTRIBUTION}=={LLAMA_CPP_PYTHON_VERSION}"  # what `make install` builds (services/models/llamacpp_build.py)
 
 
 class LlamaCppMissingError(MirrorSDError):
@@ -49,8 +50,8 @@ def import_llama_cpp():
         module = importlib.import_module("llama_cpp")
     except ImportError as exc:
         raise LlamaCppMissingError(
-            f"llama.cpp drafts need the {LLAMA_CPP_PACKAGE.split('==')[0]!r} package: "
-            f"pip install {LLAMA_CPP_PACKAGE} (or `make install`, which builds it; about 4 minutes)"
+            f"llama.cpp drafts need the {DISTRIBUTION!r} package: `mirror-sd llamacpp build` builds {LLAMA_CPP_PACKAGE} "
+            f"with portable flags and installs it (`make install` does it; about 4-9 minutes on 2 cores)"
         ) from exc
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its log callback prints below that level
     return module

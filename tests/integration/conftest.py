@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from services.config import default_cache_dir
+from tests.conftest import REPO_ROOT
 from tests.integration.stack import Stack
+
+# A llama-cpp-python stand-in that dies with SIGSEGV on its first decode (its README): first on PYTHONPATH.
+FAULTY_LLAMA_CPP = REPO_ROOT / "tests" / "fixtures" / "faulty_llama_cpp"
+
+
+def private_cache(root: Path) -> Path:
+    """A cache dir of its own (engine checks, wheels) that shares the user cache's converted models and
+    measured profiles, so a test's verdicts stay its own without converting or profiling again."""
+    cache = root / "cache"
+    cache.mkdir(exist_ok=True)
+    for shared in ("models", "profiles"):
+        (default_cache_dir() / shared).mkdir(parents=True, exist_ok=True)
+        if not (cache / shared).exists():
+            (cache / shared).symlink_to(default_cache_dir() / shared)
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -189,7 +189,7 @@ def test_without_llama_cpp_the_draft_says_what_to_install_and_auto_uses_lookup()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "ngram", done.stderr
-    assert lines[1].startswith("LlamaCppMissingError") and "pip install llama-cpp-python==0.3.36" in lines[1]
+    assert lines[1].startswith("LlamaCppMissingError") and "`mirror-sd llamacpp build` builds llama-cpp-python==0.3.36" in lines[1]
     assert resolve_draft_spec("auto", "smollm2-135m") == "gguf:smollm2-135m"
     assert resolve_draft_spec("auto", "SmolLM2-135M-Instruct") == "gguf:smollm2-135m"
     assert resolve_draft_spec("auto", "/some/other/model") == "ngram"

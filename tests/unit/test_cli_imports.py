@@ -58,7 +58,8 @@ def test_every_command_is_still_there():
     expected = {"generate", "bench", "distill", "verify-worker", "draft-worker", "up", "status", "gateway",
                 "models", "telemetry", "keys", "models list", "models prepare", "models profile",
                 "models step-profile", "telemetry run", "telemetry inject", "telemetry drill",
-                "keys create", "keys list", "keys revoke", "drill", "drill chaos", "drill burst"}
+                "keys create", "keys list", "keys revoke", "drill", "drill chaos", "drill burst",
+                "llamacpp", "llamacpp build", "llamacpp check", "llamacpp info"}
     assert set(_probe()["commands"]) == expected
 
 

@@ -5,7 +5,9 @@ import torch
 from services import protocol
 from services.protocol import (
     MAX_MESSAGE_BYTES,
+    ChildStatus,
     DraftBlock,
+    DraftFallback,
     Heartbeat,
     OutputEvent,
     ProtocolError,
@@ -19,6 +21,11 @@ EXAMPLES = [
     Verdict(request_id="r1", round=2, num_committed=7, num_draft_tokens=2, num_accepted=1, committed_ids=[7, 9]),
     OutputEvent(request_id="r1", seq=0, token_ids=[7, 9], num_output_tokens=2, finished=True, finish_reason="stop"),
     Heartbeat(worker_id="w", role="verify", pool="cpu", num_sessions=3, kv_cache_bytes=1024),
+    Heartbeat(worker_id="d", role="draft", pool="cpu", model="ngram",
+              draft_fallback=DraftFallback(draft="gguf:smollm2-135m", fault="SIGSEGV", serving="ngram",
+                                           reason="llama.cpp crashed with SIGSEGV in llama_decode", since=5.0)),
+    ChildStatus(name="draft-worker", state="failed", restarts=5, failures=6, last_exit="SIGSEGV",
+                detail="draft-worker exited 6 times in a row", log_path=None),
 ]
 
 
@@ -51,11 +58,25 @@ def test_oversized_payload_is_refused_before_parsing():
         (OutputEvent, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "output",
                                      "body": {**EXAMPLES[3].to_dict(), "stats": {"num_drafts": -1}}}),
          "stats.num_drafts must be a count"),
+        (Heartbeat, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "heartbeat",
+                                   "body": {**EXAMPLES[5].to_dict(), "draft_fallback": "SIGSEGV"}}),
+         "draft_fallback must be a map"),
+        (Heartbeat, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "heartbeat",
+                                   "body": {**EXAMPLES[5].to_dict(), "draft_fallback": {"draft": 3}}}),
+         "draft_fallback.draft has the wrong type"),
     ],
 )
 def test_bad_messages_raise_protocol_error(kind, raw, message):
     with pytest.raises(ProtocolError, match=message):
         kind.decode(raw)
+
+
+def test_a_heartbeat_without_a_fallback_carries_none_and_older_ones_decode():
+    beat = Heartbeat(worker_id="w", role="draft", pool="cpu")
+    assert beat.to_dict()["draft_fallback"] is None and Heartbeat.decode(beat.encode()).draft_fallback is None
+    older = {key: value for key, value in beat.to_dict().items() if key != "draft_fallback"}
+    raw = msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "heartbeat", "body": older}, use_bin_type=True)
+    assert Heartbeat.decode(raw) == beat
 
 
 def test_unknown_fields_are_ignored_so_messages_can_grow():

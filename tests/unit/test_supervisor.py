@@ -4,7 +4,9 @@ that never stays up, stop in order."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -15,8 +17,8 @@ from services.supervisor import Child, GaveUp, Supervisor, restart_delay, stop_r
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
-def child(name: str, command: list[str], tmp_path, **kwargs) -> Child:
-    return Child(name, command, dict(os.environ), log_path=tmp_path / f"{name}.log", **kwargs)
+def child(name: str, command: list[str], tmp_path, env_extra: dict | None = None, **kwargs) -> Child:
+    return Child(name, command, {**os.environ, **(env_extra or {})}, log_path=tmp_path / f"{name}.log", **kwargs)
 
 
 def wait_for(predicate, timeout_s: float = 10.0) -> None:
@@ -57,16 +59,107 @@ def test_a_killed_child_is_restarted_after_its_backoff_and_counted(tmp_path):
     assert all(not c.alive for c in supervisor.children.values())
 
 
-def test_a_child_that_never_stays_up_makes_the_supervisor_give_up_naming_it(tmp_path):
+def test_a_child_that_never_stays_up_is_marked_failed_and_no_longer_restarted(tmp_path):
     failing = child("verify-cpu-0", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
-    supervisor = Supervisor({"verify-cpu-0": failing}, base_backoff_s=0.01, max_backoff_s=0.01,
-                            max_quick_failures=3)
+    states = []
+    supervisor = Supervisor({"verify-cpu-0": failing, "telemetry": child("telemetry", SLEEPER, tmp_path)},
+                            base_backoff_s=0.01, max_backoff_s=0.01, max_quick_failures=3,
+                            on_change=lambda c: states.append((c.name, c.state)) if c else None)
     supervisor.start()
-    with pytest.raises(GaveUp, match=r"verify-cpu-0 exited 4 times .* code 3.*verify-cpu-0.log"):
+    try:
+        wait_for(lambda: supervisor.check() is not None and failing.state == "failed")
+        for _ in range(20):  # no more restarts, and the rest of the stack goes on
+            assert supervisor.check() == []
+            time.sleep(0.01)
+        assert failing.restarts == 3 and supervisor.children["telemetry"].alive
+        assert supervisor.failed() == [failing]
+        status = failing.status()
+        assert status.state == "failed" and status.last_exit == "exit code 3" and status.pid == 0
+        assert re.search(r"verify-cpu-0 exited 4 times .* \(last: exit code 3 .*\).*verify-cpu-0.log", status.detail)
+        assert states[-1] == ("verify-cpu-0", "failed") and ("verify-cpu-0", "restarting") in states
+    finally:
+        supervisor.stop(grace_s=5)
+
+
+def test_an_essential_child_that_never_stays_up_makes_the_supervisor_give_up_naming_it(tmp_path):
+    failing = child("gateway", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path, essential=True)
+    supervisor = Supervisor({"gateway": failing}, base_backoff_s=0.01, max_backoff_s=0.01, max_quick_failures=2)
+    supervisor.start()
+    with pytest.raises(GaveUp, match=r"gateway exited 3 times .* exit code 3.*gateway.log"):
         for _ in range(500):
             supervisor.check()
             time.sleep(0.01)
-    assert failing.restarts == 3
+
+
+CRASHES_UNLESS_FALLBACK = [sys.executable, "-c", "import os, signal, time\n"
+                           "if os.environ.get('MIRROR_SD_DRAFT') != 'ngram':\n"
+                           "    time.sleep(0.3); os.kill(os.getpid(), signal.SIGSEGV)\n"
+                           "time.sleep(120)"]
+
+
+def test_a_child_crashing_at_start_is_restarted_with_its_fallback_after_two_crashes(tmp_path):
+    reasons = []
+
+    def fallback(reason: str, fault: str):
+        reasons.append((reason, fault))
+        return {"MIRROR_SD_DRAFT": "ngram"}, "draft ngram"
+
+    crashing = child("draft-worker", CRASHES_UNLESS_FALLBACK, tmp_path, fallback=fallback)
+    # it dies after min_up_s: a kill from outside that late would restart it uncounted, a crash does not
+    supervisor = Supervisor({"draft-worker": crashing}, base_backoff_s=0.05, min_up_s=0.1, max_quick_failures=3)
+    supervisor.start()
+    try:
+        wait_for(lambda: supervisor.check() is not None and crashing.fallback_applied is not None)
+        assert reasons == [("draft-worker crashed with SIGSEGV 2 times in a row at start", "SIGSEGV")]
+        wait_for(lambda: supervisor.check() == ["draft-worker"])
+        time.sleep(0.6)  # longer than it took to crash
+        assert supervisor.check() == [] and crashing.alive and crashing.state == "running"
+        assert crashing.env["MIRROR_SD_DRAFT"] == "ngram" and crashing.restarts == 2
+        status = crashing.status()
+        assert status.fallback == "draft ngram" and status.last_exit == "SIGSEGV" and status.pid == crashing.process.pid
+    finally:
+        supervisor.stop(grace_s=5)
+
+
+def test_a_crash_loop_without_a_fallback_ends_failed_with_its_signal_named(tmp_path):
+    crashing = child("verify-cpu-0", CRASHES_UNLESS_FALLBACK, tmp_path, env_extra={"MIRROR_SD_DRAFT": "gguf"})
+    supervisor = Supervisor({"verify-cpu-0": crashing}, base_backoff_s=0.01, max_backoff_s=0.01, min_up_s=0.1,
+                            max_quick_failures=2)
+    supervisor.start()
+    wait_for(lambda: supervisor.check() is not None and crashing.state == "failed")
+    assert crashing.restarts == 2 and "last: SIGSEGV" in crashing.detail
+
+
+SUPERVISOR_SCRIPT = """
+import os, sys, time
+from services.supervisor import Child, Supervisor
+sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+supervisor = Supervisor({name: Child(name, sleeper, dict(os.environ)) for name in ("gateway", "verify-cpu-0")})
+supervisor.start()
+print(" ".join(str(c.process.pid) for c in supervisor.children.values()), flush=True)
+while True:
+    supervisor.check()
+    time.sleep(0.1)
+"""
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path):
+    import psutil
+
+    from tests.conftest import REPO_ROOT
+
+    process = subprocess.Popen([sys.executable, "-c", SUPERVISOR_SCRIPT], stdout=subprocess.PIPE, text=True,
+                               cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        pids = [int(pid) for pid in process.stdout.readline().split()]
+        children = [psutil.Process(pid) for pid in pids]
+        assert len(children) == 2 and all(c.is_running() for c in children)
+        process.kill()  # kill -9: no handler, no cleanup of its own
+        process.wait(timeout=5)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, [c.pid for c in alive]
+    finally:
+        process.kill()
 
 
 def test_stop_waits_for_each_group_and_kills_what_outlives_its_grace(tmp_path):

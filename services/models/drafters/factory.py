@@ -46,6 +46,10 @@ SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
 
 
 AUTO = "auto"
+# The last draft of auto's chain: no model, no native code, nothing to fault. A draft worker whose model draft
+# cannot run on this machine (its engine faults in the check, or the process keeps crashing at start) serves
+# with it instead, and says so in its heartbeat (draft_fallback).
+FALLBACK_DRAFT = "ngram"
 
 
 def resolve_draft_spec(spec: str, target: str) -> str:
@@ -60,7 +64,7 @@ def resolve_draft_spec(spec: str, target: str) -> str:
         return "ngram"
     if not llama_cpp_available():
         logger.warning("draft auto: llama-cpp-python is not installed, drafting with prompt lookup (ngram); "
-                       "pip install %s for the llama.cpp draft", LLAMA_CPP_PACKAGE)
+                       "`mirror-sd llamacpp build` installs %s for the llama.cpp draft", LLAMA_CPP_PACKAGE)
         return "ngram"
     return f"{GGUF_PREFIX}{alias}"
 
@@ -143,9 +147,11 @@ def load_draft_source(
     chunk_size: int = 512,
     llamacpp: LlamaCppSettings | None = None,
     num_threads: int | None = None,
+    cache_dir: Path | None = None,
 ) -> DraftSource:
     """target: the loaded target, or for a GGUF draft just its vocabulary (TargetVocab); num_threads: the
-    process's thread count (llama.cpp's default)."""
+    process's thread count (llama.cpp's default); cache_dir: where a GGUF draft's engine check is kept.
+    Raises LlamaCppFaultError when a GGUF draft's llama.cpp faults here (see drafters/gguf.py)."""
     speculative = speculative or SpeculativeSettings()
     common = {"ngram_max": speculative.ngram_max, "ngram_min": speculative.ngram_min, "chunk_size": chunk_size}
     spec = resolve_draft_spec(spec, target.name)
@@ -156,11 +162,13 @@ def load_draft_source(
         if inner in ("none", "ngram", "hybrid", AUTO) or inner.startswith(("hybrid:", SYNTHETIC_PREFIX)):
             raise ValueError(f"draft {spec!r}: the hybrid's second half must be a model draft, not {inner!r}")
         model = load_draft_source(inner, target, speculative=speculative, precision=precision,
-                                  chunk_size=chunk_size, llamacpp=llamacpp, num_threads=num_threads)
+                                  chunk_size=chunk_size, llamacpp=llamacpp, num_threads=num_threads,
+                                  cache_dir=cache_dir)
         return DraftSource(spec, model.model, hybrid=True, engine=model.engine, **common)
     if is_gguf_spec(spec):
         vocab = target if isinstance(target, TargetVocab) else TargetVocab.of(target)
-        engine = load_gguf_engine(spec, vocab, llamacpp, num_threads=num_threads, chunk_size=chunk_size)
+        engine = load_gguf_engine(spec, vocab, llamacpp, num_threads=num_threads, chunk_size=chunk_size,
+                                  cache_dir=cache_dir)
         return DraftSource(spec, None, engine=engine, vocab_size=vocab.vocab_size, **common)
     if isinstance(target, TargetVocab):
         raise ValueError(f"draft {spec!r} needs the target's weights loaded, not only its vocabulary")

@@ -12,6 +12,11 @@ sampling stays exact.
 The draft must speak the target's token ids: its vocabulary is compared
 token by token with the target's tokenizer, and a mismatch is refused
 naming both.
+
+Before llama.cpp is loaded into this process, it decodes the GGUF once in a
+child process (services/models/llamacpp_check.py, cached per GGUF, build and
+CPU): a build that faults on this CPU raises LlamaCppFaultError, which the
+draft worker answers by drafting with prompt lookup, instead of dying.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import logging
 import os
 from pathlib import Path
 
-from services.config import LlamaCppSettings
+from services.config import LlamaCppSettings, default_cache_dir
 from services.errors import ModelNotFoundError, TokenizerMismatchError
 from services.models.builtin import BUILTIN_MODELS, package_dir
 from services.models.drafters.batched import DraftEngine
-from services.models.llamacpp import GgufModel, LlamaCppEngine
+from services.models.llamacpp import GgufModel, LlamaCppEngine, import_llama_cpp, llama_cpp_available
+from services.models.llamacpp_check import EngineParams, LlamaCppFaultError, cached_engine_check
 from services.models.loading import TargetVocab
 
 logger = logging.getLogger(__name__)
@@ -75,13 +81,30 @@ def default_threads(settings: LlamaCppSettings, num_threads: int | None) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def check_params(path: Path, settings: LlamaCppSettings, threads: int) -> EngineParams:
+    """The engine a draft runs, for its check: the same threads and batch (they choose llama.cpp's code paths);
+    8 sequences of 256 tokens whatever the settings (the same kernels on a small KV, and one verdict for them
+    all)."""
+    return EngineParams(str(path), threads=threads, num_sequences=8, context_tokens=256,
+                        batch_tokens=settings.batch_tokens)
+
+
 def load_gguf_engine(spec: str, target: TargetVocab, settings: LlamaCppSettings | None = None, *,
-                     num_threads: int | None = None, chunk_size: int = 512) -> DraftEngine:
+                     num_threads: int | None = None, chunk_size: int = 512,
+                     cache_dir: Path | None = None) -> DraftEngine:
+    """cache_dir: where the engine check's verdict is kept (default: the platform's user cache); raises
+    LlamaCppFaultError when llama.cpp faults, hangs or fails on this GGUF here."""
     settings = settings or LlamaCppSettings()
     path = gguf_path(spec)
+    threads = default_threads(settings, num_threads)
+    if settings.check_engine:
+        if not llama_cpp_available():
+            import_llama_cpp()  # a missing package is a configuration error: LlamaCppMissingError says what to do
+        check = cached_engine_check(check_params(path, settings, threads), cache_dir or default_cache_dir())
+        if not check.ok:
+            raise LlamaCppFaultError(check, spec)
     model = GgufModel(path)
     check_gguf_vocab(model, target, spec)
-    threads = default_threads(settings, num_threads)
     engine = LlamaCppEngine(model, num_sequences=settings.num_sequences, context_tokens=settings.context_tokens,
                             threads=threads, batch_tokens=settings.batch_tokens)
     logger.info("draft %s: llama.cpp, %s, %d threads, %d sessions x %d tokens of KV", spec, path.name, threads,

@@ -1,0 +1,121 @@
+"""A fresh machine whose llama.cpp build faults (a native build's AMX kernels on some Xeons): `mirror-sd up`
+still becomes ready, drafting with prompt lookup, says so once and everywhere an operator looks, serves greedy
+output identical to the target alone, and leaves no child behind when it is killed with SIGKILL.
+
+The faulting build is tests/fixtures/faulty_llama_cpp, first on every child's PYTHONPATH."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+import redis
+
+from services.stack import free_port
+from tests.conftest import REPO_ROOT
+from tests.integration.conftest import FAULTY_LLAMA_CPP, private_cache
+from tests.integration.stack import TEST_REDIS
+
+pytestmark = pytest.mark.slow
+
+REDIS_DB = 15
+QUESTION = [{"role": "user", "content": "Name three rivers in Europe and say where each one ends."}]
+
+
+def wait_ready(port: int, up: subprocess.Popen, log_path, timeout_s: float = 180) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        assert up.poll() is None, log_path.read_text()[-4000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("not ready: " + log_path.read_text()[-4000:])
+
+
+def dashboard_shows_the_fallback(port: int) -> None:
+    """In a real headless Chromium: the badge on the draft worker's row, the sentence under the table, and the
+    processes of `up` (MIRROR_SD_FALLBACK_SCREENSHOT=path saves what it looks like)."""
+    from tests.integration.browser import chromium_page
+
+    with chromium_page(viewport={"width": 1400, "height": 1000}) as (page, errors):
+        page.goto(f"http://127.0.0.1:{port}/dashboard")
+        page.wait_for_selector('#drafts .badge.alert:has-text("fallback (SIGSEGV)")', timeout=30_000)
+        note = page.locator("#drafts .fallback-note").first.text_content()
+        assert re.fullmatch(r"draft-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with SIGSEGV in "
+                            r"llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with ngram instead", note)
+        page.wait_for_selector('#children tr[data-child="draft-worker"] td.state:has-text("running")', timeout=10_000)
+        if os.environ.get("MIRROR_SD_FALLBACK_SCREENSHOT"):
+            page.screenshot(path=os.environ["MIRROR_SD_FALLBACK_SCREENSHOT"], full_page=False)
+        assert not errors, errors
+
+
+def chat(port: int, **extra) -> dict:
+    response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+        "model": "smollm2-135m", "messages": QUESTION, "max_tokens": 40, "temperature": 0,
+        "return_token_ids": True, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path):
+    client = redis.Redis.from_url(f"{TEST_REDIS}/{REDIS_DB}")
+    client.flushdb()
+    port = free_port()
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(FAULTY_LLAMA_CPP), str(REPO_ROOT)]),
+           "MIRROR_SD_REDIS_URL": f"{TEST_REDIS}/{REDIS_DB}",
+           "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'up.db'}",
+           "MIRROR_SD_CACHE_DIR": str(private_cache(tmp_path))}  # this test's engine verdicts stay its own
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port)], env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        seconds = wait_ready(port, up, log_path)
+        ready_at = time.time()
+        fallback, = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).json()["draft_fallbacks"]
+        print(f"ready {seconds:.1f}s after `up` started, {ready_at - fallback['since']:.1f}s after the draft's "
+              "engine crashed in its check, drafting with the fallback")
+        assert fallback["draft"] == "gguf:smollm2-135m" and fallback["serving"] == "ngram"
+        assert fallback["fault"] == "SIGSEGV"
+        assert fallback["reason"].startswith("llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8")
+
+        speculative, plain = chat(port, cache_salt="sd"), chat(port, route="ar", cache_salt="ar")
+        assert speculative["mirror_sd"]["route"] == "sd" and plain["mirror_sd"]["route"] == "ar"
+        assert speculative["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+        assert speculative["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+
+        status = subprocess.run([sys.executable, "-m", "services.cli", "status"], env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert re.search(r"fallback: draft-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
+                         r"SIGSEGV in llama_decode .*; drafting with ngram instead", status.stdout), status.stdout
+        assert re.search(r"processes \(mirror-sd up\): .*draft-worker running", status.stdout), status.stdout
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert re.search(r'mirror_sd:draft_fallback\{draft="gguf:smollm2-135m",fault="SIGSEGV",serving="ngram",'
+                         r'worker="draft-[^"]+"\} 1.0', metrics)
+        dashboard_shows_the_fallback(port)
+        said = log_path.read_text()
+        assert len(re.findall(r"draft gguf:smollm2-135m cannot run here", said)) == 2, said[-4000:]  # worker, up
+
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert len(children) >= 4  # gateway, draft worker, verify worker, telemetry
+        up.kill()  # kill -9 of the supervisor: no handler of its own runs
+        up.wait(timeout=10)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, [child.cmdline() for child in alive]
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for child in psutil.Process().children(recursive=True):
+            if "services.cli" in " ".join(child.cmdline()):
+                child.kill()
+        client.flushdb()
