@@ -101,4 +101,6 @@ def configure_logging(*, service: str, worker_id: str | None = None, log_format:
         root.removeHandler(old)
     root.addHandler(make_handler(service=service, worker_id=worker_id, log_format=log_format))
     root.setLevel(level)
+    # httpx logs every request at INFO: `up` polling /readyz twice a second would fill its terminal
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     logging.captureWarnings(log_format == "json")  # warnings.warn would otherwise print raw text to stderr

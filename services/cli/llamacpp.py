@@ -104,9 +104,10 @@ def check(
         _build_and_install(SAFE_FLAG_SET)
         outcome, agree = _check_once(prompt, expected)
     if not outcome.ok:
+        typer.echo(f"llama.cpp's last output in the check:\n{outcome.detail[-1500:]}", err=True)
         fail(f"{outcome.describe()} decoding the built-in GGUF. Remedy: rebuild with the project's portable "
              f"flags (`mirror-sd llamacpp build --rebuild`; on an older CPU `--flags {SAFE_FLAG_SET}`), or serve "
-             f"without it: MIRROR_SD_DRAFT=ngram. Its last output:\n{outcome.detail[-1500:]}")
+             f"without it: MIRROR_SD_DRAFT=ngram")
     if agree < MIN_AGREEMENT:
         fail(f"llama.cpp {_verdict(outcome, agree)}: this build computes wrong values here. Remedy: "
              f"`mirror-sd llamacpp build --flags {SAFE_FLAG_SET}`, or serve with MIRROR_SD_DRAFT=ngram")
