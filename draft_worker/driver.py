@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from draft_worker.pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled, warm_up
-from draft_worker.session import DraftSession, SessionSummary
+from services.engine.draft_pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled, warm_up
+from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many

@@ -21,18 +21,12 @@ from functools import lru_cache
 import redis
 
 from draft_worker.driver import SessionDriver, SessionFailed
-from draft_worker.session import DraftSession
+from services.engine.draft_session import DraftSession
 from services import protocol
 from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
-from services.models.drafters import DraftSource, load_draft_source
-from services.models.drafters.factory import (
-    FALLBACK_DRAFT,
-    needs_target_vocab,
-    needs_target_weights,
-    resolve_draft_spec,
-)
-from services.models.llamacpp_check import LlamaCppFaultError
+from services.models.drafters import DraftSource
+from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, SessionSpec
 from services.redis_client import REQUEST_TTL_S, connect, read_events, read_heartbeats
 from services.speculative.block_length import RecentRounds
@@ -113,40 +107,6 @@ def get_runtime() -> DraftRuntime:
         return _build_runtime()
 
 
-def load_draft(settings: Settings) -> tuple[DraftSource, int, DraftFallback | None]:
-    """The draft this worker serves with, the vocabulary size to profile it at, and why it is not the one it was
-    given (None when it is): a model draft whose engine faults here is replaced by prompt lookup, once, loudly."""
-    spec = resolve_draft_spec(settings.draft, settings.target)
-    if spec.startswith("synthetic:"):
-        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
-    lookup = DraftSource(FALLBACK_DRAFT, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
-    fallback = None
-    crashed = settings.worker.crashed_draft
-    if crashed is not None:  # restarted so by `mirror-sd up` after crashing at start
-        fallback = DraftFallback(draft=crashed.draft, fault=crashed.fault, reason=crashed.reason, serving=spec)
-    if not needs_target_vocab(spec):
-        return DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min), 1000, fallback
-    from services.models.loading import load_model, load_target_vocab
-
-    # a GGUF draft checks the target's vocabulary only: its weights stay on the verify side
-    target = (load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
-              if needs_target_weights(spec) else load_target_vocab(settings.target, cache_dir=settings.cache_dir))
-    try:
-        source = load_draft_source(spec, target, speculative=settings.speculative,
-                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
-                                   llamacpp=settings.llamacpp, num_threads=settings.num_threads,
-                                   cache_dir=settings.cache_dir)
-    except LlamaCppFaultError as exc:
-        if not settings.worker.draft_fallback:
-            raise
-        fallback = DraftFallback(draft=spec, fault=exc.check.fault or "failed", reason=exc.check.describe(),
-                                 serving=FALLBACK_DRAFT)
-        logger.error("%s (%s; worker.draft_fallback: false fails instead)", fallback.describe(),
-                     exc.check.kept_note() or "the check ran in a child process")
-        return lookup, target.vocab_size, fallback
-    return source, target.vocab_size, fallback
-
-
 @lru_cache(maxsize=1)
 def _build_runtime() -> DraftRuntime:
     import torch
@@ -155,7 +115,7 @@ def _build_runtime() -> DraftRuntime:
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     worker_id = settings.worker.worker_id or f"draft-{socket.gethostname()}-{os.getpid()}"
-    source, vocab_size, fallback = load_draft(settings)
+    source, vocab_size, fallback = load_serving_draft(settings)
     if fallback is not None and settings.worker.crashed_draft is not None:
         logger.error("%s", fallback.describe())
     profile = cached_draft_profile(source, vocab_size, settings.cache_dir if settings.worker.profile_cache else None)

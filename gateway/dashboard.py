@@ -38,7 +38,7 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
                 "Cache-Control": "no-cache"}
 WORKER_FIELDS = ("worker_id", "role", "pool", "model", "device_kind", "utilization", "memory_used_frac",
                  "temperature_c", "num_sessions", "kv_cache_bytes", "queue_depth", "latency_p50_ms",
-                 "latency_p99_ms", "batch_rows", "overridden")
+                 "latency_p99_ms", "batch_rows", "overridden", "local_draft", "local_turns")
 
 router = APIRouter()
 

@@ -132,6 +132,15 @@ class FleetCollector:
                 fallback = beat.draft_fallback
                 fallbacks.add_metric([beat.worker_id, fallback.draft, fallback.serving, fallback.fault], 1.0)
         yield fallbacks
+        turns = GaugeMetricFamily("mirror_sd:local_turn_tokens_per_second", "Co-located drafting: committed tokens "
+                                  "per second of a verify worker's turns that drafted and that did not, by load (the "
+                                  "sessions in a turn, a power of two); the faster arm is taken at that load",
+                                  labels=["worker", "load", "arm"])
+        for beat in self.beats:
+            for load, arms in beat.local_turns.items():
+                for arm, rate in arms.items():
+                    turns.add_metric([beat.worker_id, str(load), arm], float(rate))
+        yield turns
         restarts = GaugeMetricFamily("mirror_sd:child_restarts", "Restarts of each `mirror-sd up` child process "
                                      "by its supervisor", labels=["child"])
         states = GaugeMetricFamily("mirror_sd:child_state", "1 for the state each `mirror-sd up` child is in "

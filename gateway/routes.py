@@ -17,7 +17,7 @@ from gateway.errors import APIError
 from gateway.ending import cancel_answer
 from gateway.routing import current_table
 from gateway.state import GatewayState
-from gateway.workers import live_workers
+from gateway.workers import drafts_locally, live_workers
 from services import __version__
 from services.logs import bind_request
 from services.protocol import CHILDREN_KEY
@@ -105,6 +105,7 @@ async def readiness(state: GatewayState) -> dict:
         beats = await live_workers(state, fresh=True)
         checks["draft_workers"] = sum(1 for b in beats if b.role == "draft")
         checks["verify_workers"] = sum(1 for b in beats if b.role == "verify")
+        checks["local_drafting"] = drafts_locally(beats, state.settings.worker.pool)
         checks["draft_fallbacks"] = [{"worker": b.worker_id, **b.draft_fallback.to_wire()}
                                      for b in beats if b.draft_fallback is not None]
         children = decode_children(await state.redis.hgetall(CHILDREN_KEY))
@@ -112,7 +113,9 @@ async def readiness(state: GatewayState) -> dict:
                                      for c in children if c.state == "failed"]
     except Exception as exc:  # readiness reports, it does not crash
         checks["error"] = f"{type(exc).__name__}: {exc}"
-    return {"ready": checks["redis"] and checks["draft_workers"] >= 1 and checks["verify_workers"] >= 1, **checks}
+    # drafted for by draft workers, or by the verify workers themselves (placement local)
+    drafting = checks["draft_workers"] >= 1 or (checks["verify_workers"] >= 1 and checks.get("local_drafting"))
+    return {"ready": bool(checks["redis"] and drafting and checks["verify_workers"] >= 1), **checks}
 
 
 @router.get("/readyz")

@@ -17,13 +17,21 @@ from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
 from gateway.routing import affinity_route, route_request
 from gateway.single_flight import Flight, flight_key
-from gateway.workers import missing_roles
+from gateway.workers import drafts_locally, live_workers, missing_roles
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
 from services.engine.target import check_request_fits
 from services.errors import ContextLengthError
 from services.logs import bind_request
-from services.protocol import TASK_RUN_SESSION, SessionSpec, draft_queue, request_key
+from services.protocol import (
+    TASK_RUN_SESSION,
+    DraftBlock,
+    SessionSpec,
+    draft_queue,
+    request_key,
+    verify_pool_queue,
+    verify_worker_queue,
+)
 from services.redis_client import REQUEST_TTL_S
 from services.speculative.sampling import SamplingParams
 from services.storage import crud
@@ -98,10 +106,21 @@ def _create_row(state: GatewayState, **fields) -> None:
         crud.create_request(session=session, **fields)
 
 
-async def send_session_task(state: GatewayState, request_id: str, priority: int) -> None:
-    """The session's one Celery task (again, for a session whose draft worker died: it resumes)."""
-    await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[request_id],
-                            queue=draft_queue(state.settings.worker.pool), priority=priority, task_id=request_id)
+async def start(state: GatewayState, spec: SessionSpec, *, revive: bool = False) -> None:
+    """Set the session going (again, for one whose driver died: it resumes from its committed output). Placement
+    remote: its one Celery task, for a draft worker of this gateway's pool. Local: a start block on its verify
+    pool's queue (the worker holding a similar request's KV first, unless reviving), high priority in front."""
+    if spec.draft_placement != "local":
+        await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[spec.request_id],
+                                queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
+                                task_id=spec.request_id)
+        return
+    block = DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],
+                       draft_here=True)
+    queue = verify_worker_queue(spec.verify_worker) if spec.verify_worker and not revive else \
+        verify_pool_queue(spec.pool)
+    push = state.redis.lpush if spec.priority == PRIORITY_LEVELS["high"] else state.redis.rpush
+    await push(queue, block.encode())
 
 
 async def admit(state: GatewayState, caller: Caller) -> Ticket:
@@ -165,6 +184,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
     if missing:
         raise APIError(503, f"no {' or '.join(missing)} worker is serving; retry shortly",
                        headers={"Retry-After": "5"})
+    placement = "local" if drafts_locally(await live_workers(state), pool) else "remote"
     spec = SessionSpec(
         request_id=request_id,
         prompt_ids=ask.prompt_ids,
@@ -182,6 +202,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         routing_version=route.table_version,
         verify_worker=similar.worker_id if similar is not None else None,
         cache_salt=params.cache_salt,
+        draft_placement=placement,
     )
     await asyncio.to_thread(
         _create_row,
@@ -197,13 +218,14 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         api_key_id=caller.api_key_id,
     )
     await state.redis.set(request_key(request_id), spec.encode(), ex=REQUEST_TTL_S)
-    await send_session_task(state, request_id, spec.priority)
+    await start(state, spec)
     if sketch is not None:
         state.similarity.add(request_id, sketch, params.cache_salt)
     if similar is not None and state.metrics is not None:
         state.metrics.affinity_routed.inc()
-    logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s, route %s, priority %s%s", request_id,
-                ask.endpoint, len(ask.prompt_ids), ask.max_new_tokens, pool, spec.route, caller.priority,
+    logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s (drafts %s), route %s, priority %s%s",
+                request_id, ask.endpoint, len(ask.prompt_ids), ask.max_new_tokens, pool, placement, spec.route,
+                caller.priority,
                 f", similar to {similar.request_id} ({similar.similarity:.2f}): verify worker {similar.worker_id}"
                 if similar is not None else "")
     return Submitted(request_id, spec, flight)

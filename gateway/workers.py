@@ -28,9 +28,18 @@ async def _read_heartbeats(state: GatewayState) -> list[Heartbeat]:
     return beats
 
 
+def drafts_locally(beats: list[Heartbeat], pool: str) -> bool:
+    """Whether the pool's verify workers draft for their own sessions (placement local): all live ones do. A
+    pool of remote-placement workers (or a mix, while a fleet changes over) waits for draft workers."""
+    verify = [b for b in beats if b.role == "verify" and b.pool == pool]
+    return bool(verify) and all(b.local_draft for b in verify)
+
+
 async def missing_roles(state: GatewayState, *, draft_pool: str, verify_pool: str) -> list[str]:
-    """Roles with no live worker for this request: sent now, it would only wait."""
+    """Roles with no live worker for this request: sent now, it would only wait. A pool that drafts locally
+    needs no draft worker."""
     beats = await live_workers(state)
-    wanted = {"draft": draft_pool, "verify": verify_pool}
+    wanted = {"verify": verify_pool} if drafts_locally(beats, verify_pool) else {"draft": draft_pool,
+                                                                                 "verify": verify_pool}
     return [f"{role} ({pool})" for role, pool in wanted.items()
             if not any(b.role == role and b.pool == pool for b in beats)]

@@ -111,6 +111,10 @@ class WorkerSettings(BaseModel):
                                  "engine crashes, hangs or fails its check, or under `mirror-sd up` the worker "
                                  "keeps crashing at start) is replaced by prompt lookup, lossless but slower, and "
                                  "the heartbeat says so (draft_fallback); false: the worker fails instead")
+    draft_placement: Literal["remote", "local"] = Field(
+        "remote", description="verify workers: remote, draft workers draft their sessions (a fleet, drafts on other "
+        "hosts); local, the verify worker drafts for its own sessions in-process with `draft`, between its "
+        "forwards on all its cores (one box: no core split, no Redis hop per round)")
     crashed_draft: CrashedDraft | None = Field(None, description="set by `mirror-sd up`'s supervisor (JSON) when "
                                                "it restarts a draft worker that kept crashing at start with prompt "
                                                "lookup: the draft that crashed and how; the heartbeat says so")

@@ -127,7 +127,7 @@ HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 # Recent per-round transport overheads in ms (round trip minus verify time), newest first, capped.
 TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
 TRANSPORT_SAMPLES_MAX = 20000
-DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (draft_worker/pipeline.py)
+DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (services/engine/draft_pipeline.py)
 # `mirror-sd up`'s supervisor: child name -> ChildStatus (a hash, rewritten on every change and every few
 # seconds, expiring when no supervisor writes it), read by /metrics, /readyz, the dashboard and `mirror-sd status`.
 CHILDREN_KEY = f"{KEY_PREFIX}:supervisor:children"
@@ -258,6 +258,9 @@ class SessionSpec(Message):
     created_at: float = field(default_factory=time.time)
     verify_worker: str | None = None  # cache affinity: the verify worker holding a similar request's KV
     cache_salt: str | None = None  # KV is reused only between sessions of the same salt
+    # Who drafts: "remote", a draft worker (Celery task on draft.<pool>); "local", the verify worker that holds the
+    # session, in-process (a start block on the pool's queue). A revived session is started the same way again.
+    draft_placement: str = "remote"
 
 
 @dataclass
@@ -276,6 +279,9 @@ class DraftBlock(Message):
     # Rounds this block covers: the first verifies draft_ids, the others are target-only rounds the verify
     # worker runs on its own (no round trip per token); the verdict comes after the last, or at the end.
     num_rounds: int = 1
+    # A start, not a proposal (placement "local"): the verify worker that takes it drafts the session itself,
+    # from its committed output (draft_ids empty).
+    draft_here: bool = False
     sent_at: float = field(default_factory=time.time)
 
 
@@ -402,6 +408,9 @@ class Heartbeat(Message):
     pid: int = 0  # the worker's process on its host (the chaos drill's kill -9)
     host: str = ""
     draft_fallback: DraftFallback | None = None  # draft workers: the draft they were given cannot run here
+    local_draft: str = ""  # verify workers drafting for their own sessions (placement local): that draft's spec
+    # and what their turns measured: {load bucket: {"draft": tok/s, "plain": tok/s}} (the choice at each load)
+    local_turns: dict = field(default_factory=dict)
     sent_at: float = field(default_factory=time.time)
     NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback}
 

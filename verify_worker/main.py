@@ -14,8 +14,13 @@ from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
 from services.redis_client import connect
-from services.engine.profile import cached_verify_profile
+from services.engine.profile import cached_draft_profile, cached_verify_profile
+from services.models.drafters.serving import load_serving_draft
 from services.models.engine import TorchEngine
+from services.speculative.cost_model import CostModel
+from services.storage.db import create_db_engine, session_factory
+from verify_worker.local_drafts import LocalDrafting
+from verify_worker.records import Recorder
 from verify_worker.worker import VerifyWorker
 
 logger = logging.getLogger(__name__)
@@ -36,6 +41,20 @@ def _heartbeat_loop(worker: VerifyWorker, stop: threading.Event, interval_s: flo
         stop.wait(interval_s)
 
 
+def local_drafting(settings: Settings, target, verify_profile: dict) -> LocalDrafting:
+    """The draft this worker drafts its own sessions with (placement local), on the same threads as the target
+    (they take turns), and the cost model its sessions choose block lengths by: its own step grid and its
+    draft's cost, not pipelined."""
+    source, vocab_size, fallback = load_serving_draft(settings, target=target)
+    draft_profile = cached_draft_profile(source, vocab_size,
+                                         settings.cache_dir if settings.worker.profile_cache else None)
+    logger.info("drafting for its own sessions with %s: %s", source.spec, draft_profile)
+    cost = None
+    if settings.speculative.block_policy == "cost":
+        cost = CostModel.from_profile({**verify_profile, **draft_profile}, pipelined=False)
+    return LocalDrafting(source, settings.speculative, cost=cost, fallback=fallback, draft_profile=draft_profile)
+
+
 def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
     import torch
 
@@ -49,6 +68,10 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
     profile = cached_verify_profile(engine, settings.cache_dir if settings.worker.profile_cache else None,
                                     max_rows=settings.scheduler.max_batch_size)
     logger.info("device profile: %s", profile)
+    local = local_drafting(settings, target, profile) if settings.worker.draft_placement == "local" else None
+    recorder = Recorder(session_factory(create_db_engine(settings.database_url))) if local is not None else None
+    if recorder is not None:
+        recorder.start()
     worker = VerifyWorker(
         client=client,
         engine=engine,
@@ -58,7 +81,9 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         merging=settings.merging,
         device=settings.device,
         device_kind=settings.worker.device_kind,
-        profile=profile,
+        profile={**profile, **(local.draft_profile if local is not None else {})},
+        local=local,
+        recorder=recorder,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

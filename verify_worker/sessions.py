@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from services.config import MergingSettings
+from services.engine.draft_session import DraftSession
 from services.engine.prefix_cache import PrefixSource, RetiredPrefixes, best_prefix
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
@@ -40,6 +41,7 @@ class VerifySession:
     last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)
     last_used: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from another sequence when the request started
+    local: DraftSession | None = None  # placement local: its draft half, drafted by this worker between steps
 
     @property
     def request_id(self) -> str:
@@ -53,6 +55,11 @@ class VerifySession:
     @property
     def has_work(self) -> bool:
         return self.block is not None and not self.target.finished
+
+    @property
+    def active(self) -> bool:
+        """Holds a block, or drafts its next one here (a local session between rounds is never idle)."""
+        return self.has_work or (self.local is not None and not self.target.finished)
 
     @property
     def autonomous(self) -> bool:
@@ -192,6 +199,8 @@ class SessionTable:
         holds is valid), else the memory goes back to the store."""
         session = self._sessions.pop(request_id, None)
         if session is not None:
+            if session.local is not None:
+                session.local.release()  # the draft's KV of this session
             target = session.target
             if retire and target.sequence.length >= self.merging.min_prefix_tokens:
                 self.retired.retire(request_id, target.token_ids, target.sequence, salt=session.spec.cache_salt)
@@ -240,7 +249,7 @@ class SessionTable:
         for session in list(self._sessions.values()):
             if session.last_used >= deadline:
                 break  # least recently used first: the rest are younger
-            if not session.has_work:
+            if not session.active:
                 logger.info("dropped session %s: no block for %.0f s", session.request_id, idle_s,
                             extra={"request_id": session.request_id})
                 self.pop(session.request_id)
@@ -254,7 +263,7 @@ class SessionTable:
         for session in list(self._sessions.values()):
             if not store.over_budget(needed_bytes):
                 break
-            if session.has_work or session.request_id in keep or session.target.sequence.capacity == 0:
+            if session.active or session.request_id in keep or session.target.sequence.capacity == 0:
                 continue
             self.pop(session.request_id)
             self.num_evictions += 1

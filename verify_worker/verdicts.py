@@ -33,8 +33,10 @@ def reply_to(block: DraftBlock) -> str:
     return block.reply_to or protocol.verdict_queue(block.request_id)
 
 
-def round_item(session: VerifySession, result: RoundResult, worker_id: str) -> CommitItem:
-    """The round just applied to `session`: its event, and the block's verdict when the block is done."""
+def round_item(session: VerifySession, result: RoundResult, worker_id: str,
+               verdict: Verdict | None = None) -> CommitItem:
+    """The round just applied to `session`: its event, and `verdict` (the block's, when it is done and goes
+    back over Redis; a local session's verdict stays in this process)."""
     target = session.target
     output = target.output
     event = OutputEvent(
@@ -48,11 +50,8 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str) -> C
         num_cached_tokens=session.num_cached_tokens,
         worker_id=worker_id,
     )
-    verdict = b""
-    if session.block_done():
-        verdict = block_verdict(session, worker_id).encode()
-    return CommitItem(session.request_id, event.seq, event.encode(), reply_to(session.block), verdict,
-                      finished=output.finished)
+    return CommitItem(session.request_id, event.seq, event.encode(), reply_to(session.block),
+                      verdict.encode() if verdict is not None else b"", finished=output.finished)
 
 
 def block_verdict(session: VerifySession, worker_id: str) -> Verdict:

@@ -35,12 +35,14 @@ from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
-from services.redis_client import RoundCommitter
+from services.redis_client import REQUEST_TTL_S, RoundCommitter
 from telemetry.probes import apply_override, read_device
 from verify_worker.figures import WorkerFigures
+from verify_worker.local_drafts import LocalDrafting
+from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
-from verify_worker.sessions import SessionTable, VerifySession, resume_block
-from verify_worker.verdicts import CommitItem, failure_item, round_item
+from verify_worker.sessions import SessionTable, VerifySession, build_session, resume_block
+from verify_worker.verdicts import CommitItem, block_verdict, failure_item, round_item
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class VerifyWorker:
         device: str = "cpu",
         device_kind: str | None = None,
         profile: dict | None = None,
+        local: LocalDrafting | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -71,14 +75,18 @@ class VerifyWorker:
         self.profile = profile or {}
         self.scheduler = scheduler or SchedulerSettings()
         self.worker_id = worker_id
+        self.instance = protocol.instance_id(worker_id, os.getpid())  # what owner keys name
         self.pool = pool
+        self.local = local  # placement local: it drafts for its own sessions
+        self.recorder = recorder  # SQL records of those sessions
+        self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self.sessions = SessionTable(engine, merging)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
         self.figures = WorkerFigures()
         self.num_blocks = 0
         self.num_bad_messages = 0
-        self._cancel_checked = time.monotonic()
+        self._cancel_checked = 0.0  # the first session that needs it is checked at once
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
         # heartbeats past their TTL.
         self._snapshot = (0, 0, {})  # (num_sessions, kv_cache_bytes, prefix figures)
@@ -97,17 +105,40 @@ class VerifyWorker:
                 stop.wait(0.1)
 
     def turn(self, poll_s: float = 0.5) -> int:
-        """One intake, batch window and step; returns the rows stepped (0: idle)."""
-        self._admit(self._pop(0.0 if self._ready() else poll_s))
+        """One intake, local drafting, batch window and step; returns the rows stepped (0: idle)."""
+        self._admit(self._pop(0.0 if self._ready() or self._local_due() else poll_s))
+        started = time.perf_counter()
+        self._draft_local()
         self._wait_for_expected_blocks()
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
+        self._committed = 0
         rows = self.step() if self._ready() else 0
+        if self.local is not None:  # what this turn's drafting (or not) gave, for the next turns' choice
+            self.local.settle(self._committed, time.perf_counter() - started)
         self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures())
         return rows
 
     def _ready(self) -> list[VerifySession]:
         return [session for session in self.sessions if session.has_work]
+
+    def _local(self) -> list[VerifySession]:
+        return [session for session in self.sessions if session.local is not None]
+
+    def _local_due(self) -> list[VerifySession]:
+        """Local sessions between rounds: their next block is drafted here, now."""
+        return [session for session in self._local() if not session.has_work and not session.target.finished]
+
+    def _draft_local(self) -> None:
+        due = self._local_due()
+        if not due:
+            return
+        try:
+            self.local.draft(due, load=len([session for session in self.sessions if session.active]))
+        except Exception as exc:  # the process boundary of these requests: they end with the error
+            logger.exception("drafting %d local sessions failed", len(due))
+            self._fail([(session.request_id, None) for session in due], f"drafting failed: {type(exc).__name__}: "
+                       f"{exc}")
 
     def _expected(self) -> int:
         """Sessions whose next block is on its way: answered recently, not finished, no block in hand."""
@@ -148,6 +179,8 @@ class VerifyWorker:
                 self.num_bad_messages += 1
                 logger.warning("dropped a bad message: %s", exc)
                 continue
+            if block.draft_here and block.request_id in self.sessions:
+                continue  # a second start of a session held here (a gateway revived one that was only slow)
             blocks.append(block)
             if pooled and not block.release and block.reply_to:
                 taken.append(block)
@@ -190,16 +223,44 @@ class VerifyWorker:
                 pipe.xrange(protocol.output_stream(block.request_id))
             replies = pipe.execute()
         resyncs: list[CommitItem] = []
+        owned: list[str] = []
         for index, block in enumerate(blocks):
             raw_spec, entries = replies[2 * index], replies[2 * index + 1]
             try:
-                self._rebuild_one(block, raw_spec, entries, resyncs)
+                if block.draft_here:
+                    self._start_local(block, raw_spec, entries, owned)
+                else:
+                    self._rebuild_one(block, raw_spec, entries, resyncs)
             except Exception as exc:  # the process boundary for one request
                 logger.exception("request %s: could not rebuild its session", block.request_id,
                                  extra={"request_id": block.request_id})
-                self._fail([(block.request_id, block)], f"{type(exc).__name__}: {exc}")
+                self._fail([(block.request_id, None if block.draft_here else block)], f"{type(exc).__name__}: {exc}")
+        if owned:  # the gateway's recovery watches this worker's heartbeat for them
+            with self.client.pipeline(transaction=False) as pipe:
+                for request_id in owned:
+                    pipe.set(protocol.owner_key(request_id), self.instance, ex=REQUEST_TTL_S)
+                pipe.execute()
         if resyncs:
             self._publish(resyncs)
+
+    def _start_local(self, block: DraftBlock, raw_spec: bytes | None, entries: list, owned: list[str]) -> None:
+        """A session this worker drafts for itself: built from its committed output, with its draft half."""
+        if self.local is None:
+            raise ValueError(f"verify worker {self.worker_id} does not draft (its placement is remote): a start "
+                             "block reached a pool whose workers wait for draft workers")
+        if raw_spec is None:
+            logger.warning("request %s has no spec (expired?): start dropped", block.request_id,
+                           extra={"request_id": block.request_id})
+            return
+        events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
+        if events and events[-1].finished:
+            return
+        session = build_session(self.engine, SessionSpec.decode(raw_spec), events, reuse=self.sessions.reuse_prefix)
+        self.local.attach(session, events, drafting=len(self._local()))
+        self.sessions.put(session)
+        owned.append(session.request_id)
+        if self.recorder is not None:
+            self.recorder.started(session.request_id)
 
     def _rebuild_one(self, block: DraftBlock, raw_spec: bytes | None, entries: list, resyncs: list) -> None:
         if raw_spec is None:
@@ -243,6 +304,10 @@ class VerifyWorker:
         items = self._outcomes(sessions, results, rows=len(sessions))
         self._publish(items)
         step_s = time.perf_counter() - started
+        # what the turn measures for co-located drafting: tokens committed, unless a prompt was being
+        # prefilled in it (that cost falls on drafting and plain turns alike, at random)
+        self._committed = sum(len(result.committed) for result in results if result is not None) \
+            if all(streaming) else None
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
                                  streaming_rows=sum(streaming),
                                  streamed=sum(len(result.committed) for result, running in zip(results, streaming)
@@ -287,8 +352,11 @@ class VerifyWorker:
                 session.batch_rows = rows
                 verification = result.verification
                 self.figures.record_round(verification.num_draft_tokens, verification.num_accepted)
-            items.append(round_item(session, result, self.worker_id))
-            if session.block_done():
+            verdict = block_verdict(session, self.worker_id) if session.block_done() else None
+            items.append(round_item(session, result, self.worker_id, None if session.local else verdict))
+            if verdict is not None:
+                if session.local is not None:  # drafted here: the verdict stays in this process
+                    self.local.on_verdict(session, verdict, drafting=len(self._local()))
                 session.block = None
                 session.last_verdict_at = time.monotonic()
         return items
@@ -304,7 +372,9 @@ class VerifyWorker:
         self._publish([failure_item(request_id, block, int(seq), message, self.worker_id)
                        for (request_id, block), seq in zip(requests, lengths)])
         for request_id, _ in requests:
-            self.sessions.pop(request_id)
+            session = self.sessions.pop(request_id)
+            if session is not None and session.local is not None and self.recorder is not None:
+                self.recorder.ended(session.local, error=message)
 
     def _publish(self, items: list[CommitItem]) -> None:
         """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
@@ -330,25 +400,42 @@ class VerifyWorker:
             elif item.finished:
                 logger.info("request %s finished here at round %d", item.request_id, item.seq,
                             extra={"request_id": item.request_id})
-                self.sessions.pop(item.request_id, retire=True)
+                session = self.sessions.pop(item.request_id, retire=True)
+                if session is not None and session.local is not None and self.recorder is not None:
+                    self.recorder.ended(session.local)
 
     def _check_cancellations(self) -> None:
-        """Sessions running target-only rounds on their own have no draft side asking each round."""
+        """Sessions running target-only rounds on their own, and those drafted here, have no draft worker
+        asking each round; a local one's stream is ended here, as its draft worker would."""
         if time.monotonic() - self._cancel_checked < CANCEL_CHECK_S:
             return
-        self._cancel_checked = time.monotonic()
-        running = [session for session in self.sessions if session.autonomous]
+        running = [session for session in self.sessions if session.autonomous or session.local is not None]
         if not running:
-            return
+            return  # the clock starts with the first such session: a request cancelled early stops at once
+        self._cancel_checked = time.monotonic()
         with self.client.pipeline(transaction=False) as pipe:
             for session in running:
                 pipe.exists(protocol.cancel_key(session.request_id))
             cancelled = pipe.execute()
         for session, flag in zip(running, cancelled):
             if flag:
-                logger.info("request %s cancelled: its target-only rounds stop", session.request_id,
+                logger.info("request %s cancelled: its rounds stop", session.request_id,
                             extra={"request_id": session.request_id})
+                if session.local is not None:
+                    self._end_cancelled(session)
                 self.sessions.pop(session.request_id, retire=True)
+
+    def _end_cancelled(self, session: VerifySession) -> None:
+        """A 'cancelled' event closes a local session's stream (unless a round of another verifier just did)."""
+        target = session.target
+        event = OutputEvent(request_id=session.request_id, seq=session.round, token_ids=[],
+                            num_output_tokens=len(target.output.output_ids), finished=True,
+                            finish_reason="cancelled", stats=target.stats, worker_id=self.worker_id)
+        self.committer.commit(stream_key=protocol.output_stream(session.request_id), verdict_key="",
+                              expected_seq=session.round, event=event.encode(), verdict=b"")
+        session.local.finish_reason = "cancelled"
+        if self.recorder is not None:
+            self.recorder.ended(session.local)
 
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
@@ -373,6 +460,9 @@ class VerifyWorker:
             prefix_cache=prefix_figures,
             pid=os.getpid(),
             host=socket.gethostname(),
+            local_draft=self.local.spec if self.local is not None else "",
+            local_turns=self.local.turns.to_dict() if self.local is not None else {},
+            draft_fallback=self.local.fallback if self.local is not None else None,
             **self.figures.heartbeat_fields(),
         )
         self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))

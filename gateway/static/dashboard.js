@@ -45,6 +45,7 @@ function workerRow(w) {
   if (w.alert) badges.append(el("span", {class: "badge alert"}, "rejections"));
   if (w.overridden.length) badges.append(el("span", {class: "badge injected", title: w.overridden.join(", ")},
                                             "injected"));
+  if (w.draft_fallback) badges.append(fallbackBadge(w));
   return el("tr", {"data-worker": w.worker_id, class: w.hot ? "hot" : ""},
     el("td", {class: "id"}, w.worker_id),
     el("td", {class: "device"}, w.device_kind),
@@ -57,6 +58,10 @@ function workerRow(w) {
     el("td", {class: "p99"}, fmt.ms(w.latency_p99_ms)),
     el("td", {class: "age"}, `${fmt.num(w.age_s)} s`),
     badges);
+}
+
+function fallbackBadge(w) {
+  return el("span", {class: "badge alert", title: w.draft_fallback.reason}, `fallback (${w.draft_fallback.fault})`);
 }
 
 function workerTable(workers) {
@@ -90,22 +95,29 @@ function renderPools(snap) {
   document.getElementById("pools").replaceChildren(...(cards.length ? cards
     : [el("p", {class: "muted"}, "no verify worker is heartbeating")]));
   const drafts = snap.workers.filter((w) => w.role === "draft");
-  const fallbacks = drafts.filter((w) => w.draft_fallback).map((w) =>
+  const local = verify.filter((w) => w.local_draft);
+  const notes = local.length ? [el("p", {class: "local-note"}, "The verify workers draft for their own sessions " +
+    `(placement local): ${local.map((w) => `${w.worker_id} with ${w.local_draft}`).join(", ")}`),
+    ...local.filter((w) => Object.keys(w.local_turns || {}).length).map((w) =>
+      el("p", {class: "muted local-turns", "data-worker": w.worker_id}, `${w.worker_id} drafts at loads ` +
+        `(sessions in a turn) where its drafting turns commit more tokens per second than its plain ones: ` +
+        Object.entries(w.local_turns).sort((a, b) => Number(a[0]) - Number(b[0])).map(([load, arms]) =>
+          `${load}: ${["draft", "plain"].filter((arm) => arm in arms).map((arm) =>
+            `${arm} ${Math.round(arms[arm])}`).join(" / ")} tok/s`).join("; ")))] : [];
+  const fallbacks = snap.workers.filter((w) => w.draft_fallback).map((w) =>
     el("p", {class: "fallback-note", "data-worker": w.worker_id},
        `${w.worker_id}: draft ${w.draft_fallback.draft} cannot run here: ${w.draft_fallback.reason}; ` +
        `drafting with ${w.draft_fallback.serving} instead`));
-  document.getElementById("drafts").replaceChildren(...(drafts.length
+  document.getElementById("drafts").replaceChildren(...notes, ...(drafts.length
     ? [el("table", {class: "workers"},
         el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "beat", ""]
           .map((h) => el("th", {}, h)))),
         el("tbody", {}, ...drafts.map((w) => el("tr", {"data-worker": w.worker_id},
           el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {class: "draft"}, w.model),
           el("td", {}, w.num_sessions), el("td", {}, `${fmt.num(w.age_s)} s`),
-          el("td", {class: "flags"}, ...(w.draft_fallback
-            ? [el("span", {class: "badge alert", title: w.draft_fallback.reason},
-                  `fallback (${w.draft_fallback.fault})`)] : [])))))),
+          el("td", {class: "flags"}, ...(w.draft_fallback ? [fallbackBadge(w)] : [])))))),
        ...fallbacks]
-    : [el("p", {class: "muted"}, "no draft worker is heartbeating")]));
+    : [...(local.length ? [] : [el("p", {class: "muted"}, "no draft worker is heartbeating")]), ...fallbacks]));
 }
 
 function renderChildren(snap) {

@@ -101,7 +101,7 @@ def fleet_draft_ms_per_token(redis_url: str) -> float | None:
 
 
 def draft_timing(redis_url: str) -> dict[str, float]:
-    """Summed drafting time and speculation counts the draft workers recorded (see draft_worker/pipeline.py)."""
+    """Summed drafting time and speculation counts the draft workers recorded (see services/engine/draft_pipeline.py)."""
     import redis
 
     from services.protocol import DRAFT_TIMING_KEY

@@ -43,6 +43,12 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         typer.echo(f"routing v{table.version}: {weights}; ar {table.ar_pools or '-'}; degraded "
                    f"{table.degraded_pools or '-'}; hot {table.hot_workers or '-'}; alerts {table.alerts or '-'}")
     for beat in beats:
+        if beat.local_draft:
+            typer.echo(f"placement local: {beat.worker_id} drafts for its own sessions with {beat.local_draft}")
+            if beat.local_turns:
+                typer.echo("  measured turns, tok/s by load: " + "; ".join(
+                    f"{load}: " + ", ".join(f"{arm} {rate:.0f}" for arm, rate in sorted(arms.items()))
+                    for load, arms in sorted(beat.local_turns.items(), key=lambda item: int(item[0]))))
         if beat.draft_fallback is not None:
             typer.echo(f"fallback: {beat.worker_id}: {beat.draft_fallback.describe()}")
     if children:

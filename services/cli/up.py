@@ -23,6 +23,10 @@ def up(
     accelerator_pools: Annotated[str | None, typer.Option(
         "--accelerator-pools", help="pools of --verify-pools whose workers report device kind 'accelerator' "
         "(thermal drills on a CPU-only box), e.g. accel")] = None,
+    draft_placement: Annotated[str, typer.Option(
+        "--draft-placement", help="local: the verify workers draft for their own sessions on every core; remote: a "
+        "draft worker of its own (the fleet's layout); auto: local when the target runs on the CPU with one core, "
+        "else remote")] = "auto",
 ) -> None:
     """Run the local stack (gateway, draft worker, verify workers, telemetry) with the built-in model until Ctrl-C."""
     import signal as signal_lib
@@ -31,7 +35,7 @@ def up(
 
     from services.config import get_settings
     from services.pools import fallback_pool, parse_verify_pools
-    from services.stack import start_stack
+    from services.stack import choose_placement, start_stack
     from services.supervisor import GaveUp
     from services.storage.db import init_db
 
@@ -63,12 +67,18 @@ def up(
     service_logging("up")
     settings = get_settings()
     init_db(settings.database_url)  # migrate once, before the children race to it
+    try:
+        placement = choose_placement(draft_placement, settings.device)
+    except ValueError as exc:
+        fail(f"--draft-placement: {exc}")
     described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])
-    typer.echo(f"starting gateway on :{port}, a draft worker, verify workers "
-               f"{described or 'on ' + settings.worker.pool} ({settings.target}) and telemetry ...", err=True)
+    drafting = ("drafting for their own sessions (placement local)" if placement == "local"
+                else "and a draft worker (placement remote)")
+    typer.echo(f"starting gateway on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
+               f"({settings.target}) {drafting}, and telemetry ...", err=True)
     try:
         supervisor, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
-                                          verify_pools=pools, stop=stop)
+                                          verify_pools=pools, stop=stop, placement=placement)
     except RuntimeError as exc:
         if stop.is_set():
             raise typer.Exit(0) from None  # Ctrl-C while starting: stopped, as asked

@@ -19,10 +19,17 @@ def verify_worker_command(
     threads: Annotated[int | None, typer.Option()] = None,
     device_kind: Annotated[str | None, typer.Option(
         "--device-kind", help="report this device kind in heartbeats, e.g. accelerator (drills on a CPU box)")] = None,
+    draft_placement: Annotated[str | None, typer.Option(
+        "--draft-placement", help="remote: draft workers draft its sessions; local: it drafts for its own sessions "
+        "in-process with --draft (default settings.worker.draft_placement)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft spec for --draft-placement local (default: settings)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run a verify worker: the target model, verifying blocks from its pool and its own queue."""
-    apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads, worker__device_kind=device_kind)
+    if draft_placement not in (None, "remote", "local"):
+        fail(f"--draft-placement must be remote or local, got {draft_placement!r}")
+    apply_env(worker__pool=pool, worker__worker_id=worker_id, num_threads=threads, worker__device_kind=device_kind,
+              worker__draft_placement=draft_placement, draft=draft)
     from services.config import get_settings
     from verify_worker.main import default_worker_id, run_verify_worker
 

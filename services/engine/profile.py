@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 VERIFY_SIZES = tuple(range(1, 10))  # 1 token (target alone) up to a block of 8 + 1
 STEP_ROWS = (2, 4, 8, 16, 32)
 STEP_SIZES = (1, 2, 3, 5, 9)
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3  # 3: cells timed in interleaved passes
 
 
 def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) -> list:
@@ -52,22 +52,19 @@ def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) ->
     return sequences
 
 
-def _time_step(engine: TargetEngine, sequences: list, num_tokens: int, repeats: int) -> float:
-    """Ms of one step whose rows each feed num_tokens tokens and want logits for all of them: the fastest of
-    the repeats, since other processes only ever add time (a worker measures its profile while the rest of a
-    stack starts up, and the profile is cached: a median of a busy moment would stay wrong for good)."""
+def _time_step_once(engine: TargetEngine, sequences: list, num_tokens: int) -> float:
+    """Ms of one step whose rows each feed num_tokens tokens and want logits for all of them; the rows are
+    cropped back to their context afterwards, for the next timing."""
     vocab = engine.target.vocab_size
     base = sequences[0].length
-    timings = []
-    for _ in range(repeats + 1):  # the first call warms up
-        rows = [ForwardRow(sequence, [(11 * k + 5 + index) % vocab for k in range(num_tokens)], num_tokens)
-                for index, sequence in enumerate(sequences)]
-        started = time.perf_counter()
-        engine.forward(rows)
-        timings.append(1000 * (time.perf_counter() - started))
-        for sequence in sequences:
-            sequence.crop(base)  # back to the context for the next timing
-    return round(min(timings[1:]), 3)
+    rows = [ForwardRow(sequence, [(11 * k + 5 + index) % vocab for k in range(num_tokens)], num_tokens)
+            for index, sequence in enumerate(sequences)]
+    started = time.perf_counter()
+    engine.forward(rows)
+    elapsed = 1000 * (time.perf_counter() - started)
+    for sequence in sequences:
+        sequence.crop(base)
+    return elapsed
 
 
 def measure_verify_profile(target: LoadedModel | TargetEngine, *, context_tokens: int = 64, repeats: int = 3,
@@ -75,19 +72,28 @@ def measure_verify_profile(target: LoadedModel | TargetEngine, *, context_tokens
                            step_sizes: tuple[int, ...] = STEP_SIZES,
                            step_rows: tuple[int, ...] = STEP_ROWS) -> dict[str, float]:
     """{"verify_ms_1": ..., "verify_ms_9": ...}: ms of one row of n tokens (the cost curve; it is
-    not smooth on CPUs); with max_rows > 1 also {"step_ms_<rows>x<n>": ...} for step_rows up to max_rows."""
+    not smooth on CPUs); with max_rows > 1 also {"step_ms_<rows>x<n>": ...} for step_rows up to max_rows.
+
+    Each figure is the fastest of `repeats` timings, taken in passes over every cell (each cell once per pass)
+    rather than a cell's repeats back to back: a worker measures while the rest of a stack starts, and on a
+    shared VM the machine slows down for seconds at a time. A slow stretch then costs one pass a few cells,
+    not a cell all its timings, and the profile, which is cached, keeps no stretch's figures for good."""
     engine = TorchEngine(target) if isinstance(target, LoadedModel) else target
     row_counts = [rows for rows in step_rows if 1 < rows <= max_rows]
     sequences = _prefilled(engine, max([1, *row_counts]), context_tokens)
+    cells = {f"verify_ms_{n}": (1, n) for n in sizes}
+    cells.update({f"step_ms_{rows}x{n}": (rows, n) for rows in row_counts for n in step_sizes})
+    timings: dict[str, list[float]] = {name: [] for name in cells}
     try:
-        profile = {f"verify_ms_{n}": _time_step(engine, sequences[:1], n, repeats) for n in sizes}
-        for rows in row_counts:
-            for n in step_sizes:
-                profile[f"step_ms_{rows}x{n}"] = _time_step(engine, sequences[:rows], n, max(1, repeats - 1))
+        for rows, n in cells.values():  # warm-up: every shape once (allocator, kernel choices)
+            _time_step_once(engine, sequences[:rows], n)
+        for _ in range(repeats):
+            for name, (rows, n) in cells.items():
+                timings[name].append(_time_step_once(engine, sequences[:rows], n))
     finally:
         for sequence in sequences:
             sequence.release()
-    return profile
+    return {name: round(min(values), 3) for name, values in timings.items()}
 
 
 def measure_verify_profiles(targets: dict[str, LoadedModel], *, context_tokens: int = 64,
@@ -154,7 +160,7 @@ def cached_verify_profile(engine: TargetEngine, cache_dir: Path | None, *, max_r
     """The step grid for this engine, from cache_dir/profiles when measured before with the same facts."""
     path = None if cache_dir is None else (
         Path(cache_dir) / "profiles" / f"{profile_cache_key(engine.target, max_rows)}.json")
-    return _cached(path, "device", lambda: measure_verify_profile(engine, max_rows=max_rows, repeats=2))
+    return _cached(path, "device", lambda: measure_verify_profile(engine, max_rows=max_rows, repeats=3))
 
 
 DRAFT_BATCH_SESSIONS = (4, 16)  # sessions per batched draft step timed for the cost model (besides 1)

@@ -56,6 +56,33 @@ def _interpolate_rows(at_rows: dict[int, float], rows: float) -> float:
     return at_rows[below] + (rows - below) * slope
 
 
+def nondecreasing(curve: dict[int, float]) -> dict[int, float]:
+    """A measured cost curve made nondecreasing in its size: each point at most what every larger one cost."""
+    cleaned, bound = {}, float("inf")
+    for size in sorted(curve, reverse=True):
+        bound = min(bound, curve[size])
+        cleaned[size] = bound
+    return dict(sorted(cleaned.items()))
+
+
+def clean_grid(verify_ms: dict[int, float], step_ms: dict[int, dict[int, float]]) -> tuple[dict, dict]:
+    """The plain-decoding cells of a measured grid (one token per row) made consistent: at most what any
+    longer step of the same rows cost, and nondecreasing in rows (the one-row curve counts as rows 1).
+
+    A profile is timed while the rest of a stack starts, and noise only adds time: a plain cell measured
+    high makes speculation look cheaper than plain decoding, which is the one mistake the cost policy
+    must not make. Cells of longer rows stay as measured: on CPUs they are uneven for real (a block of 5
+    tokens can cost less than one of 3: other kernels), and the policy picks its blocks by them."""
+    curves = {1: dict(verify_ms), **{rows: dict(curve) for rows, curve in step_ms.items()}}
+    for curve in curves.values():
+        if 1 in curve:
+            curve[1] = min(curve.values())
+    plain = nondecreasing({rows: curve[1] for rows, curve in curves.items() if 1 in curve})
+    for rows, ms in plain.items():
+        curves[rows][1] = ms
+    return curves.pop(1), curves
+
+
 @dataclass(frozen=True)
 class CostModel:
     verify_ms: dict[int, float]  # tokens in one target forward of one row -> ms (measured; at least 1 token)
@@ -65,6 +92,9 @@ class CostModel:
     # sessions drafting together -> ms of one batched draft step (one token each), for more than one session
     # (measured on model drafts; empty = every session pays draft_ms_per_token, as if it had a core of its own)
     draft_step_ms: dict[int, float] = field(default_factory=dict)
+    # pipelined drafting (a remote draft worker) also drafts a guess of the bonus token each round; a verify
+    # worker drafting for its own sessions between its forwards does not pipeline, so it drafts no guess
+    pipelined: bool = True
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -75,7 +105,8 @@ class CostModel:
                              f"{self.step_ms}")
 
     @classmethod
-    def from_profile(cls, profile: dict, draft_ms_per_token: float | None = None) -> "CostModel | None":
+    def from_profile(cls, profile: dict, draft_ms_per_token: float | None = None,
+                     pipelined: bool = True) -> "CostModel | None":
         """From a device profile: {"verify_ms_1": ..., "verify_ms_9": ..., "step_ms_16x5": ...,
         "draft_ms_per_token": ...} (verify_ms_<n>: one row of n tokens; step_ms_<rows>x<n>: rows of n)."""
         verify = {int(key.rsplit("_", 1)[1]): float(value) for key, value in profile.items()
@@ -91,7 +122,11 @@ class CostModel:
         draft = draft_ms_per_token if draft_ms_per_token is not None else profile.get("draft_ms_per_token", 0.0)
         draft_steps = {int(key.removeprefix("draft_step_ms_")): float(value) for key, value in profile.items()
                        if key.startswith("draft_step_ms_") and int(key.removeprefix("draft_step_ms_")) > 1}
-        return cls(verify, float(draft), step, draft_steps)
+        verify, step = clean_grid(verify, step)
+        if draft and draft_steps:  # a batched draft step never costs less than one session's
+            draft_steps = {sessions: max(ms, float(draft)) for sessions, ms in
+                           nondecreasing({1: float(draft), **draft_steps}).items() if sessions > 1}
+        return cls(verify, float(draft), step, draft_steps, pipelined)
 
     def verify_cost(self, num_tokens: float) -> float:
         """One row of num_tokens: measured, else linear between the nearest measured lengths (flat past the
@@ -124,7 +159,7 @@ class CostModel:
         # verification; when the draft worker serves several sessions its core is busy all the while, and
         # every step it drafts is paid (measured: at 8 sessions, blocks of 2 predicted 1.04x plain decoding
         # without the guess, and gave 0.89x).
-        drafted = gamma + (1 if gamma and sessions > 1 else 0)
+        drafted = gamma + (1 if gamma and sessions > 1 and self.pipelined else 0)
         return drafted * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1)
 
     def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:

@@ -4,6 +4,7 @@ runtimes whose driver threads drive sessions, exactly as the worker processes do
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,20 +15,23 @@ from draft_worker.runtime import DraftRuntime
 from services.config import SchedulerSettings, Settings, SpeculativeSettings, WorkerSettings
 from services.models.engine import TorchEngine
 from services.models.drafters import DraftSource
-from services.protocol import SessionSpec, request_key
+from services.protocol import DraftBlock, OutputEvent, SessionSpec, request_key, verify_pool_queue
 from services.redis_client import read_events
+from verify_worker.local_drafts import LocalDrafting
 from verify_worker.worker import VerifyWorker
 
 CURVE = {"verify_ms_1": 10.0, "verify_ms_4": 11.0, "verify_ms_9": 12.0}
 
 
 class VerifyThread:
+    """local: the worker drafts for its own sessions with it (placement local)."""
+
     def __init__(self, client: redis.Redis, target, *, worker_id: str = "verify-t", pool: str = "cpu",
                  scheduler: SchedulerSettings | None = None, kv_budget_bytes: int = 1 << 26,
-                 profile: dict | None = None) -> None:
+                 profile: dict | None = None, local: LocalDrafting | None = None) -> None:
         self.worker = VerifyWorker(client=client, engine=TorchEngine(target, budget_bytes=kv_budget_bytes),
                                    worker_id=worker_id, pool=pool, scheduler=scheduler,
-                                   profile=CURVE if profile is None else profile)
+                                   profile=CURVE if profile is None else profile, local=local)
         self.worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.worker.serve, args=(self.stop, 0.1), daemon=True)
@@ -48,6 +52,25 @@ def draft_runtime(client: redis.Redis, source: DraftSource, *, pipelined: bool =
 
 def submit_spec(client: redis.Redis, spec: SessionSpec) -> None:
     client.set(request_key(spec.request_id), spec.encode())  # what the gateway writes
+
+
+def start_local(client: redis.Redis, spec: SessionSpec) -> None:
+    """What the gateway does for a pool that drafts locally: the spec, then a start block on the pool's queue."""
+    spec.draft_placement = "local"
+    submit_spec(client, spec)
+    client.rpush(verify_pool_queue(spec.pool), DraftBlock(request_id=spec.request_id, round=0,
+                                                          num_committed=len(spec.prompt_ids), draft_ids=[],
+                                                          draft_here=True).encode())
+
+
+def wait_finished(client: redis.Redis, request_id: str, timeout_s: float = 60.0) -> list[OutputEvent]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = read_events(client, request_id)
+        if events and events[-1].finished:
+            return events
+        time.sleep(0.02)
+    raise AssertionError(f"request {request_id} did not finish in {timeout_s:.0f}s")
 
 
 def output_tokens(client: redis.Redis, request_id: str) -> list[int]:

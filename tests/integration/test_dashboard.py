@@ -46,7 +46,8 @@ class UpStack:
         self.log = open(self.workdir / "up.log", "w")  # noqa: SIM115 - lives as long as the stack
         self.process = subprocess.Popen(
             [sys.executable, "-m", "services.cli", "up", "--port", str(self.port),
-             "--verify-pools", "accel=1,cpu=1", "--accelerator-pools", "accel"],
+             "--verify-pools", "accel=1,cpu=1", "--accelerator-pools", "accel",
+             "--draft-placement", "remote"],  # the fleet's layout: one draft worker drafting for both pools
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         # up returns "ready" once both verify workers heartbeat; both pools then need weight in the table
         self.wait_table(lambda t: t.pool_weights.get("accel", 0) > 0 and t.pool_weights.get("cpu", 0) > 0,

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from draft_worker.runtime import load_draft
 from services.config import Settings
 from services.models.drafters.gguf import gguf_path
+from services.models.drafters.serving import load_serving_draft
 from services.models.llamacpp_check import (
     EngineParams,
     LlamaCppFaultError,
@@ -71,12 +71,12 @@ def test_the_verdict_is_kept_per_build_and_settings(params, monkeypatch, tmp_pat
 def test_a_draft_worker_whose_engine_faults_drafts_with_prompt_lookup_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(FAULTY_LLAMA_CPP))
     settings = Settings(draft="auto", cache_dir=private_cache(tmp_path), num_threads=1)
-    source, vocab_size, fallback = load_draft(settings)
+    source, vocab_size, fallback = load_serving_draft(settings)
     assert source.spec == "ngram" and source.engine is None and vocab_size == 49152
     assert fallback.draft == "gguf:smollm2-135m" and fallback.serving == "ngram" and fallback.fault == "SIGSEGV"
     assert fallback.reason.startswith("llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8")
     with pytest.raises(LlamaCppFaultError, match=r"draft 'gguf:smollm2-135m': llama.cpp crashed with SIGSEGV"):
-        load_draft(Settings(draft="auto", cache_dir=settings.cache_dir, num_threads=1,
+        load_serving_draft(Settings(draft="auto", cache_dir=settings.cache_dir, num_threads=1,
                             worker={"draft_fallback": False}))
 
 

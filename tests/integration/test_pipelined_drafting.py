@@ -96,7 +96,7 @@ def test_cost_policy_reads_the_pools_verify_curve(fleet, target):
 def test_model_draft_cache_survives_a_missed_speculation(target):
     """Speculating past a block, then drafting from a shorter committed context, gives what a fresh
     drafter gives: the model draft's cache crops back correctly."""
-    from draft_worker.pipeline import speculate
+    from services.engine.draft_pipeline import speculate
     from services.speculative.sampling import SamplingParams
 
     draft_model = perturbed_copy(target, scale=0.3, seed=2)
@@ -132,7 +132,7 @@ def test_a_long_prompt_opens_with_a_target_only_round_while_the_draft_prefills(f
 def test_cold_sessions_warm_up_a_budget_per_turn_then_speculate_as_alone(target):
     """A burst of new sessions prefills a piece per driver turn (verdicts are never held up by a whole batch of
     prompts), and what they then speculate is what a drafter that was never cold drafts."""
-    from draft_worker.pipeline import SpeculationState, speculate_many, warm_up
+    from services.engine.draft_pipeline import SpeculationState, speculate_many, warm_up
     from services.speculative.sampling import SamplingParams
 
     greedy = SamplingParams()

@@ -161,3 +161,28 @@ def test_a_draft_worker_shared_by_many_sessions_charges_its_batched_step():
     # the step drafting would really share is the 16 sessions'
     controller.observe_load(4, draft_sessions=16)
     assert controller.num_draft_tokens == 0
+
+
+def test_a_measured_cost_above_a_larger_ones_is_bounded_by_it():
+    """Noise only adds time: a point costing more than a larger case was timed while the cores were busy."""
+    from services.speculative.cost_model import nondecreasing
+
+    assert nondecreasing({1: 70.0, 2: 113.0, 3: 104.0, 5: 104.0, 9: 147.0}) == {1: 70.0, 2: 104.0, 3: 104.0,
+                                                                              5: 104.0, 9: 147.0}
+    assert nondecreasing({4: 30.0}) == {4: 30.0}
+
+
+def test_plain_decoding_never_looks_dearer_than_it_was_measured_against_longer_steps():
+    """The grid a worker measured while its stack started (seen here): plain decoding at 16 rows looked dearer
+    than blocks of 2 tokens, and 8 rows dearer than 16 rows would allow; read as measured, speculation looked
+    cheap at load. Plain cells are bounded; longer cells stay as measured (uneven CPU curves are real)."""
+    profile = {"verify_ms_1": 70.3, "verify_ms_2": 113.2, "verify_ms_5": 103.7, "verify_ms_9": 146.7,
+               "step_ms_8x1": 230.0, "step_ms_8x2": 194.2, "step_ms_8x5": 583.2, "step_ms_8x9": 378.1,
+               "step_ms_16x1": 273.8, "step_ms_16x2": 214.8, "step_ms_16x5": 402.1, "step_ms_16x9": 506.1,
+               "draft_ms_per_token": 11.0, "draft_step_ms_4": 9.0, "draft_step_ms_16": 102.5}
+    cost = CostModel.from_profile(profile)
+    assert cost.verify_ms == {1: 70.3, 2: 113.2, 5: 103.7, 9: 146.7}  # the uneven one-row curve as measured
+    assert cost.step_ms[16] == {1: 214.8, 2: 214.8, 5: 402.1, 9: 506.1}
+    assert cost.step_ms[8] == {1: 194.2, 2: 194.2, 5: 583.2, 9: 378.1}
+    assert cost.draft_step_ms == {4: 11.0, 16: 102.5}  # a batched step is never cheaper than one session's
+    assert all(cost.step_cost(rows, 1) <= cost.step_cost(rows, n) for rows in (8, 16) for n in (2, 5, 9))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from draft_worker.pipeline import (
+from services.engine.draft_pipeline import (
     Speculation,
     hidden_seconds,
     speculate,

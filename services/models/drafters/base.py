@@ -50,7 +50,7 @@ class Drafter(Protocol):
 
     name: str
     # Optional `stepwise = True`: drafting n tokens in one call equals n one-token calls, so pipelined
-    # drafting may stop between tokens (draft_worker/pipeline.py).
+    # drafting may stop between tokens (services/engine/draft_pipeline.py).
 
     def propose(
         self,

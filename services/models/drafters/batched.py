@@ -86,7 +86,7 @@ class DraftEngine:
     def prefill_many(self, items: list[tuple["EngineDrafter", Sequence[int]]], budget: int) -> None:
         """Feed up to `budget` tokens, in one forward, of what the drafters' sequences lack of their contexts
         (all but each context's last token, which the next proposal feeds for its logits): a cold session's
-        prompt warmed a piece at a time, off the critical path (draft_worker/pipeline.py warm_up)."""
+        prompt warmed a piece at a time, off the critical path (services/engine/draft_pipeline.py warm_up)."""
         rows, owners = [], []
         for drafter, context in items:
             keep = drafter.kept_prefix(context)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from services.config import LlamaCppSettings, default_cache_dir
@@ -42,12 +44,54 @@ def is_gguf_spec(spec: str) -> bool:
     return spec.startswith(GGUF_PREFIX)
 
 
-def gguf_path(spec: str) -> Path:
-    """The file a `gguf:` spec names: a built-in alias's own GGUF, else a path."""
+DRAFT_QUANT = "q8_0"
+# Requantizes a GGUF in a child process (a llama.cpp build that faults here takes down only the child).
+_QUANTIZE = """
+import ctypes, sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, True, 2
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
+"""
+
+
+def prepared_draft(builtin, cache_dir: Path) -> Path | None:
+    """The built-in model's GGUF requantized to Q8_0 for drafting, made once in cache_dir (under a second).
+
+    The shipped file is Q4_1, for which llama.cpp has no fast CPU kernels; its Q8_0 copy holds the same
+    values nearly exactly and runs on llama.cpp's Q8_0 kernels. Measured on a 2-core AMD EPYC, 2 threads:
+    decode 8.4 against 9.1 ms per token, a 16-session step 60 against 80 ms, a 256-token prefill 560 against
+    900 ms; in-process speculation over 12 dev prompts 1.76x against 1.58x, acceptance 0.90 against 0.88
+    (docs/bench/llamacpp-build-2026-12-02). None when llama.cpp cannot make it here (the shipped file is used)."""
+    source = package_dir(builtin) / builtin.gguf_file
+    path = Path(cache_dir) / "models" / builtin.alias / f"draft-{DRAFT_QUANT}.gguf"
+    if path.is_file() and path.stat().st_mtime_ns >= source.stat().st_mtime_ns:
+        return path
+    if not llama_cpp_available():
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        done = subprocess.run([sys.executable, "-c", _QUANTIZE, str(source), str(staging)], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0 or not staging.is_file():
+            logger.warning("could not requantize %s to %s (exit %s): drafting with the shipped file", source.name,
+                           DRAFT_QUANT, done.returncode)
+            return None
+        staging.replace(path)  # atomic: a process starting beside this one finds a whole file or none
+    finally:
+        staging.unlink(missing_ok=True)
+    logger.info("prepared the draft %s from %s (one time)", path, source.name)
+    return path
+
+
+def gguf_path(spec: str, cache_dir: Path | None = None) -> Path:
+    """The file a `gguf:` spec names: a built-in alias's GGUF (its Q8_0 copy in cache_dir when there is one),
+    else a path."""
     name = spec.removeprefix(GGUF_PREFIX)
     if name in BUILTIN_MODELS:
         builtin = BUILTIN_MODELS[name]
-        return package_dir(builtin) / builtin.gguf_file
+        prepared = prepared_draft(builtin, cache_dir) if cache_dir is not None else None
+        return prepared or package_dir(builtin) / builtin.gguf_file
     path = Path(name).expanduser()
     if not name or not path.is_file():
         known = ", ".join(f"gguf:{alias}" for alias in sorted(BUILTIN_MODELS))
@@ -95,12 +139,13 @@ def load_gguf_engine(spec: str, target: TargetVocab, settings: LlamaCppSettings 
     """cache_dir: where the engine check's verdict is kept (default: the platform's user cache); raises
     LlamaCppFaultError when llama.cpp faults, hangs or fails on this GGUF here."""
     settings = settings or LlamaCppSettings()
-    path = gguf_path(spec)
+    cache_dir = cache_dir or default_cache_dir()
+    path = gguf_path(spec, cache_dir)
     threads = default_threads(settings, num_threads)
     if settings.check_engine:
         if not llama_cpp_available():
             import_llama_cpp()  # a missing package is a configuration error: LlamaCppMissingError says what to do
-        check = cached_engine_check(check_params(path, settings, threads), cache_dir or default_cache_dir())
+        check = cached_engine_check(check_params(path, settings, threads), cache_dir)
         if not check.ok:
             raise LlamaCppFaultError(check, spec)
     model = GgufModel(path)

@@ -5,7 +5,7 @@ of the process and calls in here: `on_verdict()` per verdict, `draft_call()`
 and `next_block()` for each block (the driver drafts many sessions' calls
 together), and `speculation()` while a block is out, whose state the driver
 steps with other sessions' to draft block k+1 on the assumption that block k
-is accepted whole (draft_worker/pipeline.py).
+is accepted whole (services/engine/draft_pipeline.py).
 
 Block length: the controller (services/speculative/block_length.py) reads
 acceptance from the verdicts and, under the cost policy, the load: each
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draft_worker.pipeline import DraftTiming, SpeculationState, hidden_seconds, speculation_holds
+from services.engine.draft_pipeline import DraftTiming, SpeculationState, hidden_seconds, speculation_holds
 from services import protocol
 from services.config import SpeculativeSettings
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
@@ -84,9 +84,16 @@ class InFlight:
 class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
-                 pipelined: bool, recent: RecentRounds | None = None, draft_sessions: int | None = None) -> None:
+                 pipelined: bool, recent: RecentRounds | None = None, draft_sessions: int | None = None,
+                 max_plain_rounds: int = MAX_PLAIN_ROUNDS) -> None:
+        """max_plain_rounds: target-only rounds one block may ask for (fewer when a block costs no round trip:
+        the controller looks at the load again after each block)."""
         self.spec = spec
         self.request_id = spec.request_id
+        self.max_plain_rounds = max_plain_rounds
+        # set by a driver that decides block lengths for all its sessions at once (co-located drafting: the
+        # whole batch waits for any session's drafting); None: this session's controller alone decides
+        self.gamma_cap: int | None = None
         self.committed: list[int] = [*spec.prompt_ids, *(t for e in events for t in e.token_ids)]
         self.num_output = sum(len(e.token_ids) for e in events)
         self.round = len(events)
@@ -130,6 +137,8 @@ class DraftSession:
         if self.drafter is None or self._plain_opening:
             return 0
         gamma = self.controller.num_draft_tokens if gamma is None else gamma
+        if self.gamma_cap is not None:
+            gamma = min(gamma, self.gamma_cap)
         remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
         cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining
         return max(0, min(gamma, remaining - 1, cap))
@@ -139,7 +148,7 @@ class DraftSession:
         route, else as long as the controller keeps drafting off."""
         remaining = max(1, self.spec.max_new_tokens - self.num_output)
         wanted = remaining if self.drafter is None else self.controller.num_plain_rounds
-        return max(1, min(wanted, remaining, MAX_PLAIN_ROUNDS))
+        return max(1, min(wanted, remaining, self.max_plain_rounds))
 
     def _make_block(self, draft_ids: list[int], probs: torch.Tensor | None, num_rounds: int = 1) -> DraftBlock:
         return DraftBlock(

@@ -1,0 +1,64 @@
+"""The draft a worker process serves with: a remote draft worker's, or a verify worker's drafting for its own
+sessions (placement local). One rule for both: a model draft whose engine faults here (its check in a child
+process, services/models/llamacpp_check.py) is replaced by prompt lookup, once and loudly, and the fallback
+travels in the worker's heartbeat (draft_fallback)."""
+
+from __future__ import annotations
+
+import logging
+
+from services.config import Settings
+from services.models.drafters.factory import (
+    FALLBACK_DRAFT,
+    DraftSource,
+    load_draft_source,
+    needs_target_vocab,
+    needs_target_weights,
+    resolve_draft_spec,
+)
+from services.models.llamacpp_check import LlamaCppFaultError
+from services.models.loading import LoadedModel
+from services.protocol import DraftFallback
+
+logger = logging.getLogger(__name__)
+
+LOOKUP_VOCAB = 1000  # enough for profiling prompt lookup, which reads no vocabulary
+
+
+def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
+                       num_threads: int | None = None) -> tuple[DraftSource, int, DraftFallback | None]:
+    """The draft this process serves with, the vocabulary size to profile it at, and why it is not the one it
+    was given (None when it is). target: the target when this process holds it (a verify worker); else the
+    target's vocabulary or weights are loaded as the draft needs them. num_threads: llama.cpp's (default the
+    process's)."""
+    spec = resolve_draft_spec(settings.draft, settings.target)
+    if spec.startswith("synthetic:"):
+        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
+    lookup = DraftSource(FALLBACK_DRAFT, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
+    fallback = None
+    crashed = settings.worker.crashed_draft
+    if crashed is not None:  # restarted so by `mirror-sd up` after crashing at start
+        fallback = DraftFallback(draft=crashed.draft, fault=crashed.fault, reason=crashed.reason, serving=spec)
+    if not needs_target_vocab(spec):
+        return (DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min), LOOKUP_VOCAB,
+                fallback)
+    if target is None:
+        from services.models.loading import load_model, load_target_vocab
+
+        # a GGUF draft checks the target's vocabulary only: its weights stay on the verify side
+        target = (load_model(settings.target, precision="fp32", device="cpu", cache_dir=settings.cache_dir)
+                  if needs_target_weights(spec) else load_target_vocab(settings.target, cache_dir=settings.cache_dir))
+    try:
+        source = load_draft_source(spec, target, speculative=settings.speculative,
+                                   precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
+                                   llamacpp=settings.llamacpp, num_threads=num_threads or settings.num_threads,
+                                   cache_dir=settings.cache_dir)
+    except LlamaCppFaultError as exc:
+        if not settings.worker.draft_fallback:
+            raise
+        fallback = DraftFallback(draft=spec, fault=exc.check.fault or "failed", reason=exc.check.describe(),
+                                 serving=FALLBACK_DRAFT)
+        logger.error("%s (%s; worker.draft_fallback: false fails instead)", fallback.describe(),
+                     exc.check.kept_note() or "the check ran in a child process")
+        return lookup, target.vocab_size, fallback
+    return source, target.vocab_size, fallback

@@ -1,0 +1,165 @@
+"""Co-located drafting (placement local) against a real Redis and a verify worker thread, on tiny models: the
+verify worker drafts for its own sessions in-process, and the output is target-only decoding's token for token,
+and for a seeded sampled request the same as when a draft worker drafts it; a cancellation ends the stream and
+frees both caches; a session whose worker died resumes on another from its committed output."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.config import SpeculativeSettings
+from services.engine import GenerationOptions, GenerationSession
+from services.models.drafters import DraftSource
+from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key, owner_key
+from services.speculative.block_length import RecentRounds
+from services.speculative.cost_model import CostModel
+from services.speculative.measured_turns import MeasuredTurns
+from tests.conftest import build_tiny_llama, perturbed_copy
+from tests.integration.fleet import (
+    VerifyThread,
+    draft_runtime,
+    empty_redis,
+    output_tokens,
+    start_local,
+    submit_spec,
+    wait_finished,
+)
+from verify_worker.local_drafts import LocalDrafting
+
+PROMPTS = [[5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13], [3, 3, 8, 60, 61, 62, 3, 3, 8], [70, 1, 2, 3, 70, 1, 2]]
+REDIS_DB = 5
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_tiny_llama(0)
+
+
+@pytest.fixture(scope="module")
+def draft(target) -> DraftSource:
+    return DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+
+
+@pytest.fixture
+def client():
+    with empty_redis(REDIS_DB) as connection:
+        yield connection
+
+
+def local(source: DraftSource) -> LocalDrafting:
+    return LocalDrafting(source, SpeculativeSettings(block_policy="acceptance"))
+
+
+def reference_output(target, prompt: list[int], max_new_tokens: int) -> list[int]:
+    session = GenerationSession(target, None, prompt, GenerationOptions(max_new_tokens=max_new_tokens,
+                                                                        ignore_eos=True))
+    while not session.finished:
+        session.step()
+    return list(session.output_ids)
+
+
+def spec_of(request_id: str, prompt: list[int], max_new_tokens: int = 30, **fields) -> SessionSpec:
+    return SessionSpec(request_id=request_id, prompt_ids=prompt, max_new_tokens=max_new_tokens, ignore_eos=True,
+                       **fields)
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(client, target, draft, kind):
+    source = draft if kind == "model" else DraftSource("ngram", None)
+    verify = VerifyThread(client, target, local=local(source))
+    try:
+        for index, prompt in enumerate(PROMPTS):  # at once: drafted together, verified in shared steps
+            start_local(client, spec_of(f"{kind}-{index}", prompt))
+        for index, prompt in enumerate(PROMPTS):
+            events = wait_finished(client, f"{kind}-{index}")
+            assert output_tokens(client, f"{kind}-{index}") == reference_output(target, prompt, 30)
+            assert events[-1].worker_id == "verify-t"
+            assert client.get(owner_key(f"{kind}-{index}")).decode() == verify.worker.instance
+        stats = events[-1].stats
+        assert stats.num_drafts > 0 and (kind == "ngram" or stats.num_accepted_tokens > 0)
+        assert len(verify.worker.sessions) == 0  # finished sessions leave the table (their KV retired)
+    finally:
+        verify.close()
+
+
+def test_a_seeded_sampled_request_is_the_same_drafted_here_or_by_a_draft_worker(client, target, draft):
+    verify = VerifyThread(client, target, local=local(draft))
+    try:
+        start_local(client, spec_of("here", PROMPTS[0], temperature=1.0, seed=7))
+        wait_finished(client, "here")
+        runtime = draft_runtime(client, draft, pipelined=True)
+        try:
+            remote = spec_of("remote", PROMPTS[0], temperature=1.0, seed=7)
+            submit_spec(client, remote)
+            runtime.driver.drive(runtime.new_session(remote, []))
+        finally:
+            runtime.close()
+    finally:
+        verify.close()
+    here = output_tokens(client, "here")
+    assert len(here) == 30 and here == output_tokens(client, "remote")
+
+
+def test_a_cancelled_local_session_ends_its_stream_and_frees_both_caches(client, target, draft):
+    verify = VerifyThread(client, target, local=local(draft))
+    try:
+        client.set(cancel_key("gone"), b"1")  # cancelled before its first round: stopped within one check
+        start_local(client, spec_of("gone", PROMPTS[1], max_new_tokens=200))
+        events = wait_finished(client, "gone")
+        assert events[-1].finish_reason == "cancelled" and events[-1].worker_id == "verify-t"
+        assert len(verify.worker.sessions) == 0
+        assert verify.worker.engine.store.num_sequences <= 1  # at most its KV, retired for prefix reuse
+    finally:
+        verify.close()
+
+
+def test_a_local_session_whose_worker_died_resumes_on_another_from_its_output(client, target, draft):
+    first = VerifyThread(client, target, worker_id="verify-a", local=local(draft))
+    spec = spec_of("moved", PROMPTS[2], max_new_tokens=60)
+    try:
+        start_local(client, spec)
+        deadline = time.monotonic() + 60
+        while len(output_tokens(client, "moved")) < 10:  # some rounds committed there
+            assert time.monotonic() < deadline, "no rounds committed on the first worker"
+            time.sleep(0.005)
+    finally:
+        first.close()  # the worker is gone mid-session (its heartbeat would lapse)
+    committed = output_tokens(client, "moved")
+    assert 10 <= len(committed) < 60
+    second = VerifyThread(client, target, worker_id="verify-b", local=local(draft))
+    try:
+        start_local(client, spec)  # what the gateway's recovery sends for a dead owner
+        events = wait_finished(client, "moved")
+    finally:
+        second.close()
+    assert output_tokens(client, "moved") == reference_output(target, PROMPTS[2], 60)
+    assert events[-1].worker_id == "verify-b" and client.get(owner_key("moved")).decode() == \
+        second.worker.instance
+
+
+def test_turns_measure_drafting_against_plain_decoding_and_keep_the_output(client, target, draft):
+    """With a cost model and a known acceptance, each turn drafts or not by what turns at its load measured:
+    both arms get measured (the predicted one first), the heartbeat carries the figures, and the output is
+    still the target's own."""
+    recent = RecentRounds()
+    for _ in range(60):
+        recent.observe(4, 3, rows=1)
+    cost = CostModel({1: 10.0, 5: 12.0}, draft_ms_per_token=1.0, pipelined=False)
+    drafting = LocalDrafting(draft, SpeculativeSettings(), cost=cost, recent=recent,
+                             turns=MeasuredTurns(min_turns=2, explore_every=4))
+    verify = VerifyThread(client, target, local=drafting)
+    try:
+        for index, prompt in enumerate(PROMPTS):
+            start_local(client, spec_of(f"arms-{index}", prompt, max_new_tokens=40))
+        for index, prompt in enumerate(PROMPTS):
+            wait_finished(client, f"arms-{index}")
+            assert output_tokens(client, f"arms-{index}") == reference_output(target, prompt, 40)
+        verify.worker.heartbeat(5.0)
+    finally:
+        verify.close()
+    measured = drafting.turns.to_dict()
+    assert any(set(arms) == {"draft", "plain"} for arms in measured.values()), measured
+    beat = Heartbeat.decode(client.get(heartbeat_key("verify-t")))
+    assert beat.local_turns == measured and beat.local_draft == "tiny-draft"

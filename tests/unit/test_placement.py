@@ -1,0 +1,35 @@
+"""Where drafts run: `up` chooses the placement from where the target runs and the cores it has; the gateway starts a pool's sessions
+with a start block when all its live verify workers draft for their own sessions."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.workers import drafts_locally
+from services.protocol import Heartbeat
+from services.stack import choose_placement
+
+
+def test_auto_drafts_in_the_verify_worker_only_when_no_core_is_left_for_a_draft_worker():
+    assert choose_placement("auto", "cpu", cores=1) == "local"  # a draft worker would only take turns with it
+    assert choose_placement("auto", "cpu", cores=2) == "remote"  # pipelined on a core of its own
+    assert choose_placement("auto", "cuda", cores=1) == "remote"  # the draft runs on the CPU beside the accelerator
+    assert choose_placement("local", "cuda") == "local" and choose_placement("remote", "cpu") == "remote"
+
+
+def test_an_unknown_placement_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"one of auto, local, remote, got 'edge'"):
+        choose_placement("edge", "cpu")
+
+
+def verify(worker_id: str, pool: str, local_draft: str = "") -> Heartbeat:
+    return Heartbeat(worker_id=worker_id, role="verify", pool=pool, local_draft=local_draft)
+
+
+def test_a_pool_drafts_locally_when_all_its_live_verify_workers_do():
+    beats = [verify("v0", "cpu", "gguf:smollm2-135m"), verify("v1", "cpu", "ngram"), verify("g0", "gpu"),
+             Heartbeat(worker_id="d0", role="draft", pool="gpu")]
+    assert drafts_locally(beats, "cpu")
+    assert not drafts_locally(beats, "gpu")  # waits for draft workers
+    assert not drafts_locally([*beats, verify("v2", "cpu")], "cpu")  # a mix while a fleet changes over
+    assert not drafts_locally(beats, "accel")  # no live verify worker at all
