@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 REDIS_DB = 8
 ACCEL, CPU = "verify-accel-0", "verify-cpu-0"
-SCREENSHOT = os.environ.get("MIRROR_SD_DASHBOARD_SCREENSHOT")  # e.g. docs/dashboard.png to refresh the README's
+SCREENSHOT = os.environ.get("MIRROR_SD_DASHBOARD_SCREENSHOT")  # e.g. docs/dashboard.png to refresh docs/telemetry.md's
 
 
 class UpStack:

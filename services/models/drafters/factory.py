@@ -56,7 +56,7 @@ def resolve_draft_spec(spec: str, target: str) -> str:
     """`auto` (target: an alias or a model's name): for a built-in target, its own GGUF on llama.cpp when
     llama-cpp-python is installed; otherwise prompt lookup alone, saying what to install. Other specs as given.
     Not the hybrid: measured on the dev set, prompt lookup's proposals are accepted less often than the GGUF
-    draft's even on grounded prompts, and cost the hybrid more than lookup saves (README, llama.cpp drafts)."""
+    draft's even on grounded prompts, and cost the hybrid more than lookup saves (docs/drafts.md, llama.cpp drafts)."""
     if spec != AUTO:
         return spec
     alias = next((b.alias for b in BUILTIN_MODELS.values() if target in (b.alias, b.display_name)), None)
