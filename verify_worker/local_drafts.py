@@ -46,8 +46,6 @@ class LocalDrafting:
     fallback: DraftFallback | None = None  # the draft it was given cannot run here: source is the stand-in
     draft_profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token, draft_step_ms_*
     recent: RecentRounds = field(default_factory=RecentRounds)
-    draft_s: float = 0.0  # drafting time, summed (the heartbeat's figure)
-    drafted_tokens: int = 0
     turns: MeasuredTurns = field(default_factory=MeasuredTurns)  # drafting or plain turns, by load
     _turn: tuple[int, str] | None = None  # this turn's load and arm, until settled
 
@@ -109,9 +107,7 @@ class LocalDrafting:
             started = time.perf_counter()
             drafted = propose_many([call for _, call in wanted])
             elapsed = time.perf_counter() - started
-            self.draft_s += elapsed
             total = sum(len(proposal.token_ids) for proposal in drafted) or 1
-            self.drafted_tokens += total
             proposals = {id(session): (proposal, elapsed * len(proposal.token_ids) / total)
                          for (session, _), proposal in zip(wanted, drafted)}
         for session in sessions:

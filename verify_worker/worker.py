@@ -343,6 +343,7 @@ class VerifyWorker:
     def _outcomes(self, sessions: list[VerifySession], results: list[RoundResult | None],
                   rows: int) -> list[CommitItem]:
         items = []
+        drafting = len(self._local())  # local sessions, for their controllers' view of the draft load
         for session, result in zip(sessions, results):
             self.sessions.touch(session)
             if result is None:  # a prefill chunk: nothing to commit yet
@@ -356,7 +357,7 @@ class VerifyWorker:
             items.append(round_item(session, result, self.worker_id, None if session.local else verdict))
             if verdict is not None:
                 if session.local is not None:  # drafted here: the verdict stays in this process
-                    self.local.on_verdict(session, verdict, drafting=len(self._local()))
+                    self.local.on_verdict(session, verdict, drafting=drafting)
                 session.block = None
                 session.last_verdict_at = time.monotonic()
         return items
