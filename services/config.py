@@ -53,6 +53,10 @@ class SpeculativeSettings(BaseModel):
                                       "is at least this long opens with one target-only round, and the draft "
                                       "prefills its KV while the target prefills (TTFT: the target's prefill "
                                       "alone, not the draft's first); 0 = always draft the first block")
+    draft_context_tokens: int = Field(256, ge=0, description="a model draft reads only the last N tokens of a "
+                                      "prompt (and all that follows): a long prompt costs it N tokens of "
+                                      "prefill and shorter attention; prompt lookup still reads it all; 0 = "
+                                      "the whole prompt")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "SpeculativeSettings":

@@ -17,16 +17,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.config import SpeculativeSettings
 from services.engine.draft_session import DraftSession
-from services.models.drafters.batched import propose_many
+from services.models.drafters.batched import engine_drafter, propose_many
 from services.models.drafters.factory import DraftSource
 from services.protocol import DraftFallback, OutputEvent, Verdict
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel, best_block_length
-from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns
+from services.speculative.measured_turns import DRAFT, PLAIN, DraftPrefillCost, MeasuredTurns, load_bucket
 from verify_worker.sessions import VerifySession
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,18 @@ logger = logging.getLogger(__name__)
 # Target-only rounds per block of a local session: a block costs no round trip here, so every turn decides
 # again, at its load, whether to draft (a remote block asks for up to 64, to spare the Redis round trips).
 LOCAL_PLAIN_ROUNDS = 1
+# Draft KV a turn catches up at most, over all sessions that lag (a new session's prompt, the tokens that plain
+# turns committed): one prefill forward of the draft, so that no turn holds every row up for a long catch-up.
+WARM_TOKENS_PER_TURN = 64
+# A session with fewer output tokens left than 1/WARM_PAYBACK of its draft's lag decodes plain to its end: a draft
+# prefill token costs about a quarter of a draft step, and drafting saves a fraction of a step per token.
+WARM_PAYBACK = 8
+# A drafting turn that left more than 1/HELD_SHARE of its sessions plain (their drafts still catching up) or with
+# blocks cut short by their output's end is not measured, nor is a turn that prefilled a prompt; the next turn at its load runs the same arm, at most
+# MAX_CARRIED_TURNS times in a row (a trial is not lost to the prompts that keep arriving under load).
+HELD_SHARE = 4
+MAX_CARRIED_TURNS = 2
+OVERHEAD_DECAY = 0.9  # what the measured round overhead keeps of itself at each measured turn
 
 
 @dataclass
@@ -47,7 +59,15 @@ class LocalDrafting:
     draft_profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token, draft_step_ms_*
     recent: RecentRounds = field(default_factory=RecentRounds)
     turns: MeasuredTurns = field(default_factory=MeasuredTurns)  # drafting or plain turns, by load
+    prefill_cost: DraftPrefillCost = field(default_factory=DraftPrefillCost)  # what drafting's turns leave out
     _turn: tuple[int, str] | None = None  # this turn's load and arm, until settled
+    _warm_s: float = 0.0  # this turn's catching up of lagging drafts (in prefill_cost, not in the turn's figure)
+    _held: bool = False  # this drafting turn left too many sessions plain, their drafts still catching up
+    _draft_s: float = 0.0  # this turn's drafting
+    overhead_ms: float | None = None  # a turn's time beyond its forward and its drafting, decayed (the cost model's)
+    _carried: tuple[int, str] | None = None  # an unmeasured turn's load bucket and arm: the next turn runs it again
+    _carried_turns: int = 0
+    warm_tokens: int = WARM_TOKENS_PER_TURN
 
     @property
     def spec(self) -> str:
@@ -59,7 +79,7 @@ class LocalDrafting:
         drafter = self.source.new_drafter() if spec.route == "sd" else None
         session.local = DraftSession(spec, events, drafter=drafter, speculative=self.speculative, cost=self.cost,
                                      reply_to="", pipelined=False, recent=self.recent, draft_sessions=drafting + 1,
-                                     max_plain_rounds=LOCAL_PLAIN_ROUNDS)
+                                     max_plain_rounds=LOCAL_PLAIN_ROUNDS, sees_load=False)
 
     def batch_gamma(self, load: int) -> int | None:
         """The most every local session may draft this turn, at `load` rows; 0: a plain turn. Co-located,
@@ -74,22 +94,68 @@ class LocalDrafting:
         alpha = self.recent.alpha()
         if self.cost is None or alpha is None:
             return None
+        cost = replace(self.cost, round_overhead_ms=self.overhead_ms or 0.0)
         candidates = range(max(1, self.speculative.min_draft_tokens), self.speculative.max_draft_tokens + 1)
-        if best_block_length(alpha, self.cost, candidates, 1, 1)[0] == 0:
+        if best_block_length(alpha, cost, candidates, 1, 1)[0] == 0:
             return None
         rows = max(1, load)
-        predicted = best_block_length(alpha, self.cost, candidates, rows, rows)[0]
-        gamma = predicted or max(candidates, key=lambda g: self.cost.tokens_per_ms(alpha, g, rows, rows))
-        arm = self.turns.choose(rows, DRAFT if predicted else PLAIN)
+        predicted = best_block_length(alpha, cost, candidates, rows, rows)[0]
+        gamma = predicted or max(candidates, key=lambda g: cost.tokens_per_ms(alpha, g, rows, rows))
+        carried, self._carried = self._carried, None
+        if carried is not None and carried[0] == load_bucket(rows) and self._carried_turns < MAX_CARRIED_TURNS:
+            arm = carried[1]  # the arm the last turn chose could not be measured: run it again
+            self._carried_turns += 1
+        else:
+            arm = self.turns.choose(rows, DRAFT if predicted else PLAIN, self.prefill_cost.per_output_token_s)
+            self._carried_turns = 0
         self._turn = (rows, arm)
         return gamma if arm == DRAFT else 0
 
-    def settle(self, committed: int | None, seconds: float) -> None:
-        """The turn is over: `committed` tokens in `seconds`, drafting included (None: a turn that also
-        prefilled a prompt, not measured)."""
-        if self._turn is not None and committed is not None:
-            self.turns.record(*self._turn, committed, seconds)
-            self._turn = None
+    def settle(self, committed: int | None, seconds: float, forward_s: float | None = None) -> None:
+        """The turn is over: `committed` tokens in `seconds`, drafting included, the catching up of lagging
+        drafts not (prefill_cost charges it to drafting per output token). Not measured: a turn that also
+        prefilled a prompt (committed None), or one that left more than 1/HELD_SHARE of its sessions plain
+        while their drafts caught up; its arm (a trial, maybe) runs again next turn. forward_s: the step's
+        forward, to measure what the turn costs beyond it and its drafting (the cost model's round overhead)."""
+        if self._turn is not None:
+            if committed is None or self._held:
+                self._carried = (load_bucket(self._turn[0]), self._turn[1])
+            else:
+                self.turns.record(*self._turn, committed, max(0.0, seconds - self._warm_s))
+                if forward_s is not None:
+                    overhead = 1000 * max(0.0, seconds - self._warm_s - self._draft_s - forward_s)
+                    self.overhead_ms = overhead if self.overhead_ms is None else \
+                        OVERHEAD_DECAY * self.overhead_ms + (1 - OVERHEAD_DECAY) * overhead
+        self._turn, self._warm_s, self._held, self._draft_s = None, 0.0, False, 0.0
+
+    def warm(self, sessions: Sequence[VerifySession], cap: int) -> set[int]:
+        """Catch up, within this turn's budget, the drafts that lag their sessions' committed context by more
+        than a block (a new session's prompt; tokens committed by plain turns); the ids of the sessions still
+        lagging, which decode plain this turn rather than hold every row up for their catch-up, and of those
+        too close to their end for a catch-up to pay back (they decode plain to the end)."""
+        lagging, ending = [], set()
+        for session in sessions:
+            drafter = engine_drafter(session.local.drafter)
+            missing = drafter.missing(session.local.committed) if drafter is not None else 0
+            if missing > cap + 1:
+                left = session.local.spec.max_new_tokens - session.local.num_output
+                if left * WARM_PAYBACK < missing:  # about to end: its draft's catch-up would not pay back
+                    ending.add(id(session))
+                else:
+                    lagging.append((session, drafter))
+        if not lagging:
+            return ending
+        started, before = time.perf_counter(), sum(drafter.sequence.length for _, drafter in lagging)
+        by_engine: dict[int, list] = {}
+        for session, drafter in lagging:
+            by_engine.setdefault(id(drafter.draft_engine), []).append((drafter, session.local.committed))
+        for items in by_engine.values():
+            items[0][0].draft_engine.prefill_many(items, self.warm_tokens)
+        seconds = time.perf_counter() - started
+        self._warm_s += seconds
+        self.prefill_cost.prefilled(sum(drafter.sequence.length for _, drafter in lagging) - before, seconds)
+        return ending | {id(session) for session, drafter in lagging
+                         if drafter.missing(session.local.committed) > cap + 1}
 
     def draft(self, sessions: Sequence[VerifySession], load: int | None = None) -> None:
         """Each local session without a block gets its next one, the drafting of all of them in one call (a
@@ -98,8 +164,14 @@ class LocalDrafting:
         if not sessions:
             return
         cap = self.batch_gamma(len(sessions) if load is None else load)
+        behind = self.warm(sessions, cap) if cap else set()
+        # sessions whose block the end of their output cuts short draft less than the load does: such turns, too
+        # many of them in one, say little about drafting at this load (a wave's last session ends at load 1)
+        short = {id(session) for session in sessions
+                 if session.local.spec.max_new_tokens - session.local.num_output <= cap + 1} if cap else set()
+        self._held = len(behind | short) * HELD_SHARE > len(sessions)
         for session in sessions:
-            session.local.gamma_cap = cap
+            session.local.gamma_cap = 0 if id(session) in behind else cap
         calls = [(session, session.local.draft_call()) for session in sessions]
         wanted = [(session, call) for session, call in calls if call is not None]
         proposals = {}
@@ -107,6 +179,7 @@ class LocalDrafting:
             started = time.perf_counter()
             drafted = propose_many([call for _, call in wanted])
             elapsed = time.perf_counter() - started
+            self._draft_s += elapsed
             total = sum(len(proposal.token_ids) for proposal in drafted) or 1
             proposals = {id(session): (proposal, elapsed * len(proposal.token_ids) / total)
                          for (session, _), proposal in zip(wanted, drafted)}
@@ -118,3 +191,7 @@ class LocalDrafting:
     def on_verdict(self, session: VerifySession, verdict: Verdict, drafting: int) -> None:
         """The verdict of the block the session just finished, applied to its draft half in-process."""
         session.local.on_verdict(verdict, draft_sessions=drafting)
+        drafter = engine_drafter(session.local.drafter)
+        if verdict.finished and drafter is not None:
+            prompt = len(session.spec.prompt_ids)
+            self.prefill_cost.finished(prompt - min(drafter.start, prompt), session.local.num_output)

@@ -80,6 +80,7 @@ class VerifyWorker:
         self.local = local  # placement local: it drafts for its own sessions
         self.recorder = recorder  # SQL records of those sessions
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
+        self._forward_s: float | None = None  # the last step's forward
         self.sessions = SessionTable(engine, merging)
         self.committer = RoundCommitter(client)
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
@@ -112,10 +113,10 @@ class VerifyWorker:
         self._wait_for_expected_blocks()
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
-        self._committed = 0
+        self._committed, self._forward_s = 0, None
         rows = self.step() if self._ready() else 0
         if self.local is not None:  # what this turn's drafting (or not) gave, for the next turns' choice
-            self.local.settle(self._committed, time.perf_counter() - started)
+            self.local.settle(self._committed, time.perf_counter() - started, self._forward_s)
         self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures())
         return rows
 
@@ -295,7 +296,7 @@ class VerifyWorker:
         try:
             forward_started = time.perf_counter()
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
-            forward_s = time.perf_counter() - forward_started
+            forward_s = self._forward_s = time.perf_counter() - forward_started
         except Exception as exc:  # the process boundary: fail the step's requests, keep serving
             logger.exception("a step over %d rows failed", len(sessions),
                              extra={"request_ids": [s.request_id for s in sessions]})

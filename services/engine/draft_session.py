@@ -27,7 +27,7 @@ from services.engine.draft_pipeline import DraftTiming, SpeculationState, hidden
 from services import protocol
 from services.config import SpeculativeSettings
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
-from services.models.drafters.batched import DraftCall
+from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain
 from services.speculative.cost_model import CostModel
@@ -85,12 +85,15 @@ class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
                  pipelined: bool, recent: RecentRounds | None = None, draft_sessions: int | None = None,
-                 max_plain_rounds: int = MAX_PLAIN_ROUNDS) -> None:
+                 max_plain_rounds: int = MAX_PLAIN_ROUNDS, sees_load: bool = True) -> None:
         """max_plain_rounds: target-only rounds one block may ask for (fewer when a block costs no round trip:
-        the controller looks at the load again after each block)."""
+        the controller looks at the load again after each block). sees_load False: the block-length
+        controller decides as for a lone stream, by acceptance and the draft's cost alone (co-located drafting
+        decides for the load itself, with gamma_cap, from turns measured at that load)."""
         self.spec = spec
         self.request_id = spec.request_id
         self.max_plain_rounds = max_plain_rounds
+        self.sees_load = sees_load
         # set by a driver that decides block lengths for all its sessions at once (co-located drafting: the
         # whole batch waits for any session's drafting); None: this session's controller alone decides
         self.gamma_cap: int | None = None
@@ -99,6 +102,7 @@ class DraftSession:
         self.round = len(events)
         self.resumed_from_round = self.round
         self.drafter = drafter if spec.route == "sd" else None
+        bound_draft_context(self.drafter, len(spec.prompt_ids), speculative.draft_context_tokens)
         self.recent = recent
         prior = recent.alpha() if recent is not None else None
         explore = recent.explore() if recent is not None else True
@@ -106,7 +110,7 @@ class DraftSession:
         if recent is not None:
             # the first block meets the pool's current load, and the draft worker's (a burst of new sessions
             # shares one draft core: its batched steps can cost more than plain rounds save)
-            self.controller.observe_load(recent.rows, draft_sessions)
+            self._observe_load(recent.rows, draft_sessions)
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
         self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                                        seed=spec.seed)
@@ -248,7 +252,7 @@ class DraftSession:
         if verdict.committed_ids and self.first_token_at is None:
             self.first_token_at = time.time()
         self.stats = verdict.stats
-        self.controller.observe_load(verdict.batch_rows, draft_sessions)
+        self._observe_load(verdict.batch_rows, draft_sessions)
         if self.recent is not None:
             self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows)
         if verdict.num_draft_tokens or flight.block.draft_ids:
@@ -271,6 +275,12 @@ class DraftSession:
         if not self._ready_ids:
             self._streams.pop(self.round, None)  # a dropped speculation used this round's stream: start it over
         return False
+
+    def _observe_load(self, rows: float, draft_sessions: int | None) -> None:
+        if self.sees_load:
+            self.controller.observe_load(rows, draft_sessions)
+        else:
+            self.controller.observe_load(1.0, 1)
 
     # --- the end --------------------------------------------------------------------------------
     def summary(self) -> SessionSummary:

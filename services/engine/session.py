@@ -18,6 +18,7 @@ from services.engine.stopping import OutputState
 from services.engine.target import TargetSession, check_request_fits, run_step
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.batched import bound_draft_context
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController, opens_plain
 from services.speculative.stats import SpecDecodingStats
@@ -41,6 +42,7 @@ class GenerationSession:
         self.target = target
         self.engine = engine or TorchEngine(target)
         self.drafter = drafter
+        bound_draft_context(drafter, len(prompt_ids), options.speculative.draft_context_tokens)
         self.sampling = options.sampling
         self.chunk_size = options.chunk_size
         output = OutputState.for_request(target, max_new_tokens=options.max_new_tokens, stop=options.stop,

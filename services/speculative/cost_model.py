@@ -95,6 +95,9 @@ class CostModel:
     # pipelined drafting (a remote draft worker) also drafts a guess of the bonus token each round; a verify
     # worker drafting for its own sessions between its forwards does not pipeline, so it drafts no guess
     pipelined: bool = True
+    # what a round costs beyond its forwards and draft steps (building rows, the round math, commits,
+    # publishing): measured live by a verify worker drafting for its own sessions, 0 for a profile alone
+    round_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -153,14 +156,14 @@ class CostModel:
 
     def round_ms(self, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
         """One round of one session: its drafting (a step shared with draft_sessions sessions, default the
-        rows) plus the target step it shares with `rows` rows of gamma + 1."""
+        rows) plus the target step it shares with `rows` rows of gamma + 1, plus the round's overhead."""
         sessions = rows if draft_sessions is None else draft_sessions
         # Pipelined drafting also drafts a guess of the bonus token each round. Alone it overlaps the
         # verification; when the draft worker serves several sessions its core is busy all the while, and
         # every step it drafts is paid (measured: at 8 sessions, blocks of 2 predicted 1.04x plain decoding
         # without the guess, and gave 0.89x).
         drafted = gamma + (1 if gamma and sessions > 1 and self.pipelined else 0)
-        return drafted * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1)
+        return drafted * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1) + self.round_overhead_ms
 
     def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
         """Expected tokens per ms of one session whose step has `rows` rows like its own."""

@@ -9,7 +9,8 @@ instead: per load bucket (the sessions in the turn: 1, 2, 3, 4, 6, 8, 12, 16, ..
 committed tokens per second of turns that drafted and of turns that did not (decayed sums of tokens and of
 seconds; turns with a prompt's prefill chunk are left out, as both arms pay for those alike); the
 worker takes the better arm and tries the other one now and then, so a change of acceptance, prompts or
-machine speed is seen. An arm seen fewer than `min_turns` times is tried first (the cost model's pick
+machine speed is seen. Drafting's figure is charged what its turns leave out: the draft's prefill of each
+session's prompt, per output token (the caller's draft_cost_s). An arm seen fewer than `min_turns` times is tried first (the cost model's pick
 first), so a bucket decides after a few turns of each. A trial costs more than its turn (a drafting turn
 after plain ones first catches the draft's KV up on the tokens it skipped), so while trials keep confirming
 the winner they come ever rarer: every `explore_every`-th turn of the bucket, then twice as far apart after
@@ -63,17 +64,38 @@ class MeasuredTurns:
     def figures(self, load: int, arm: str) -> ArmFigures:
         return self.arms.setdefault((load_bucket(load), arm), ArmFigures())
 
-    def choose(self, load: int, predicted: str) -> str:
+    def rate(self, bucket: int, arm: str, draft_cost_s: float = 0.0) -> float:
+        """The arm's committed tokens per second at `bucket`; drafting's with `draft_cost_s` more per token
+        (what its turns leave out: the draft's prefill of each session's prompt, spread over its output)."""
+        rate = self.arms.get((bucket, arm), ArmFigures()).rate
+        if arm == DRAFT and rate > 0 and draft_cost_s > 0:
+            rate = 1.0 / (1.0 / rate + draft_cost_s)
+        return rate
+
+    def winner(self, bucket: int, draft_cost_s: float = 0.0) -> str | None:
+        """The faster arm at `bucket`, once both were seen min_turns times; None before."""
+        if any(self.arms.get((bucket, arm), ArmFigures()).turns < self.min_turns for arm in (DRAFT, PLAIN)):
+            return None
+        return DRAFT if self.rate(bucket, DRAFT, draft_cost_s) > self.rate(bucket, PLAIN) else PLAIN
+
+    def choose(self, load: int, predicted: str, draft_cost_s: float = 0.0) -> str:
         """The arm for the next turn at `load`; `predicted` (the cost model's pick) goes first while both
-        arms are young, and breaks a tie."""
+        arms are young. Drafting pays less the more rows share a step, so while plain decoding wins at a
+        lighter load, a heavier one where drafting was not measured yet decodes plain without trying it (a
+        trial that reverses the lighter load's winner opens it again). draft_cost_s: see rate()."""
         bucket = load_bucket(load)
+        if self.figures(load, DRAFT).turns < self.min_turns and any(
+                lighter < bucket and self.winner(lighter, draft_cost_s) == PLAIN
+                for lighter, _ in list(self.arms)):
+            return PLAIN
         other = PLAIN if predicted == DRAFT else DRAFT
         first, second = self.figures(load, predicted), self.figures(load, other)
         if first.turns < self.min_turns:
             return predicted
         if second.turns < self.min_turns:
             return other
-        better, worse = (other, predicted) if second.rate > first.rate else (predicted, other)
+        better = self.winner(bucket, draft_cost_s)
+        worse = PLAIN if better == DRAFT else DRAFT
         if bucket in self._trial:  # the last trial is measured by now: did it confirm the winner?
             confirmed = self._trial.pop(bucket) == better
             interval = self._interval.get(bucket, self.explore_every)
@@ -101,3 +123,33 @@ class MeasuredTurns:
             if figures.turns:
                 table.setdefault(str(bucket), {})[arm] = round(figures.rate, 1)
         return table
+
+
+@dataclass
+class DraftPrefillCost:
+    """What a session's drafting costs before its blocks, per output token: the draft's prefill of its prompt
+    (the part the draft reads), at the rate the draft prefilled at here, spread over the output sessions get.
+    Drafting turns leave that prefill out (it is paid a piece at a time, with a turn's sessions still
+    waiting for it decoding plain), so the choice between the arms adds it back to drafting's figure."""
+
+    decay: float = 0.95
+    seconds: float = 0.0  # the draft's prefills, decayed
+    tokens: float = 0.0
+    prompt_tokens: float = 0.0  # of finished sessions: the prompt tokens their draft reads, decayed
+    output_tokens: float = 0.0  # and the tokens they produced
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.tokens = self.decay * self.tokens + tokens
+            self.seconds = self.decay * self.seconds + seconds
+
+    def finished(self, prompt_tokens: int, output_tokens: int) -> None:
+        self.prompt_tokens = self.decay * self.prompt_tokens + prompt_tokens
+        self.output_tokens = self.decay * self.output_tokens + max(1, output_tokens)
+
+    @property
+    def per_output_token_s(self) -> float:
+        """Seconds of draft prefill per output token; 0 until a prefill and a finished session were seen."""
+        if self.tokens <= 0 or self.output_tokens <= 0:
+            return 0.0
+        return (self.seconds / self.tokens) * (self.prompt_tokens / self.output_tokens)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from services.models.drafters import DraftSource, ModelDrafter
-from services.models.drafters.batched import DraftCall, EngineDrafter, propose_many
+from services.models.drafters.batched import DraftCall, EngineDrafter, bound_draft_context, propose_many
 from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
 from services.models.trimmed_draft import TrimmedDraft
@@ -98,3 +98,32 @@ def test_the_draft_profile_times_batched_steps_of_model_drafts_only():
                                   batch_sessions=(3,))
     assert set(model) == {"draft_ms_per_token", "draft_step_ms_3"} and model["draft_step_ms_3"] > 0
     assert set(measure_draft_profile(DraftSource("ngram", None), TINY_VOCAB)) == {"draft_ms_per_token"}
+
+
+def test_a_bounded_draft_reads_the_last_tokens_of_the_prompt_and_all_that_follows():
+    """draft_context_tokens: a long prompt costs the draft the window's prefill, not the whole prompt; the
+    blocks are those of a draft given only the window; what follows the prompt is all read; prompt lookup (a
+    hybrid's other half) still sees the whole prompt."""
+    source = DraftSource("self:fp32", build_tiny_llama(2).with_precision("fp32"))
+    prompt = contexts(1)[0] * 3  # 6 to 117 tokens, repeated
+    window = 8
+    bounded = source.new_drafter()
+    bound_draft_context(bounded, len(prompt), window)
+    assert bounded.start == len(prompt) - window
+    first = bounded.propose(prompt, 3, GREEDY, None)
+    assert bounded.sequence.length == window + 2  # the window, then the first two drafted tokens
+    alone = ModelDrafter(source.model).propose(prompt[-window:], 3, GREEDY, None)
+    assert first.token_ids == alone.token_ids
+    grown = [*prompt, *first.token_ids[:2], 11, 12]  # a round committed, another one's tokens after it
+    assert bounded.missing(grown) == 1  # the drafted tokens kept, 11 to feed (12 is fed for its logits)
+    assert bounded.propose(grown, 3, GREEDY, None).token_ids == \
+        ModelDrafter(source.model).propose(grown[-window - 4:], 3, GREEDY, None).token_ids
+    short = source.new_drafter()
+    bound_draft_context(short, 5, window)  # a prompt shorter than the window: all of it
+    assert short.start == 0
+    hybrid = HybridDrafter(NgramDrafter(), source.new_drafter())
+    bound_draft_context(hybrid, len(prompt), window)
+    assert hybrid.model.start == len(prompt) - window
+    unbounded = source.new_drafter()
+    bound_draft_context(unbounded, len(prompt), 0)
+    assert unbounded.start == 0

@@ -6,6 +6,7 @@ frees both caches; a session whose worker died resumes on another from its commi
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key,
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
 from services.speculative.measured_turns import MeasuredTurns
+from services.speculative.sampling import SamplingParams
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import (
     VerifyThread,
@@ -26,7 +28,7 @@ from tests.integration.fleet import (
     submit_spec,
     wait_finished,
 )
-from verify_worker.local_drafts import LocalDrafting
+from verify_worker.local_drafts import MAX_CARRIED_TURNS, WARM_PAYBACK, LocalDrafting
 
 PROMPTS = [[5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13], [3, 3, 8, 60, 61, 62, 3, 3, 8], [70, 1, 2, 3, 70, 1, 2]]
 REDIS_DB = 5
@@ -65,10 +67,14 @@ def spec_of(request_id: str, prompt: list[int], max_new_tokens: int = 30, **fiel
                        **fields)
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram"])
+@pytest.mark.parametrize("kind", ["model", "model-window", "ngram"])
 def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(client, target, draft, kind):
-    source = draft if kind == "model" else DraftSource("ngram", None)
-    verify = VerifyThread(client, target, local=local(source))
+    """model-window: the draft reads the last 4 prompt tokens only (a draft's context is no part of the output)."""
+    source = DraftSource("ngram", None) if kind == "ngram" else draft
+    drafting = local(source)
+    if kind == "model-window":
+        drafting.speculative = SpeculativeSettings(block_policy="acceptance", draft_context_tokens=4)
+    verify = VerifyThread(client, target, local=drafting)
     try:
         for index, prompt in enumerate(PROMPTS):  # at once: drafted together, verified in shared steps
             start_local(client, spec_of(f"{kind}-{index}", prompt))
@@ -163,3 +169,62 @@ def test_turns_measure_drafting_against_plain_decoding_and_keep_the_output(clien
     assert any(set(arms) == {"draft", "plain"} for arms in measured.values()), measured
     beat = Heartbeat.decode(client.get(heartbeat_key("verify-t")))
     assert beat.local_turns == measured and beat.local_draft == "tiny-draft"
+
+
+def as_local(drafter, committed: list[int], tokens_left: int = 100) -> SimpleNamespace:
+    """What LocalDrafting.warm reads of a session: its draft half's drafter, committed context and how many
+    tokens it may still produce."""
+    return SimpleNamespace(local=SimpleNamespace(drafter=drafter, committed=committed, num_output=0,
+                                                 spec=SimpleNamespace(max_new_tokens=tokens_left)))
+
+
+def test_lagging_drafts_catch_up_within_a_turns_budget_and_decode_plain_meanwhile(draft):
+    """A draft that lags its session by more than a block (a new prompt; tokens plain turns committed) is
+    caught up a budget of tokens per turn, in order, and its session is named to decode plain until then; a
+    draft that lags by a block or less is left to the draft call; a session too close to its end for the
+    catch-up to pay back decodes plain, its draft left cold."""
+    drafting = LocalDrafting(draft, SpeculativeSettings(), warm_tokens=20)
+    cold_long = as_local(draft.new_drafter(), list(range(1, 31)))
+    cold_short = as_local(draft.new_drafter(), [5, 9, 13, 2, 40, 41])
+    synced = as_local(draft.new_drafter(), [3, 3, 8, 60])
+    synced.local.drafter.propose(synced.local.committed, 2, SamplingParams(), None)
+    synced.local.committed += [7, 8]
+    held = synced.local.drafter.sequence.length
+    ending = as_local(draft.new_drafter(), list(range(40, 80)), tokens_left=39 // WARM_PAYBACK - 1)
+    sessions = [ending, cold_long, cold_short, synced]
+    assert drafting.warm(sessions, cap=2) == {id(ending), id(cold_long), id(cold_short)}
+    assert cold_long.local.drafter.missing(cold_long.local.committed) == 29 - 20
+    assert cold_short.local.drafter.missing(cold_short.local.committed) == 5
+    assert drafting.warm(sessions, cap=2) == {id(ending)}
+    assert ending.local.drafter.sequence.length == 0
+    assert cold_long.local.drafter.missing(cold_long.local.committed) == 0
+    assert cold_short.local.drafter.missing(cold_short.local.committed) == 0
+    assert synced.local.drafter.sequence.length == held  # not warmed: its draft call feeds the last tokens
+
+
+def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_runs_again(draft):
+    """A turn that also prefilled a prompt is not measured (both arms pay for prompts alike), nor one that left
+    too many sessions plain while their drafts caught up; its arm (a trial, maybe) runs again at that load, at
+    most MAX_CARRIED_TURNS times in a row, then the choice is made again from what was measured. A measured
+    turn's figure leaves the catch-up out."""
+    recent = RecentRounds()
+    for _ in range(60):
+        recent.observe(4, 3, rows=1)
+    cost = CostModel({1: 10.0, 5: 12.0}, draft_ms_per_token=1.0, pipelined=False)
+    drafting = LocalDrafting(draft, SpeculativeSettings(), cost=cost, recent=recent,
+                             turns=MeasuredTurns(min_turns=1))
+    chosen = []
+    choose = drafting.turns.choose
+    drafting.turns.choose = lambda *args: chosen.append(choose(*args)) or chosen[-1]
+    first = drafting.batch_gamma(1)
+    for _ in range(MAX_CARRIED_TURNS):
+        drafting.settle(None, 1.0)  # a prompt was prefilled in that turn
+        assert drafting.batch_gamma(1) == first and len(chosen) == 1
+    drafting._held = True  # a drafting turn whose sessions mostly waited for their drafts
+    drafting.settle(4, 1.0)
+    drafting.batch_gamma(1)
+    assert len(chosen) == 2
+    drafting._warm_s = 0.25
+    drafting.settle(6, 0.75)
+    figures = drafting.turns.figures(1, chosen[1])
+    assert figures.turns == 1 and figures.seconds == pytest.approx(0.5) and figures.tokens == 6

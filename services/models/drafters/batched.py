@@ -10,6 +10,13 @@ then one token per row per step. Each call draws from its own generator
 under its own sampling warp, so a block is the same whether drafted alone or
 with others. Drafters that cannot batch (prompt lookup, synthetic, models
 the packed forward does not walk) are asked one by one.
+
+A model draft may read a bounded context (bound_draft_context): the last N
+tokens of the prompt and everything after it. A long grounded prompt then
+costs the draft N tokens of prefill, not the whole prompt, and each draft
+step attends over less. The bound is fixed by the prompt's length alone, so a
+session drafts the same blocks wherever it is drafted. Output stays lossless:
+the target verifies whatever the draft proposes.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ class DraftEngine:
             keep = drafter.kept_prefix(call.context_ids)
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
-            pending.append(list(call.context_ids[keep:]))
+            pending.append(list(drafter.view(call.context_ids)[keep:]))
         while any(len(tokens) > self.chunk_size for tokens in pending):  # long prompts: chunks, no logits
             rows, owners = [], []
             for call, tokens in zip(calls, pending):
@@ -90,12 +97,12 @@ class DraftEngine:
         rows, owners = [], []
         for drafter, context in items:
             keep = drafter.kept_prefix(context)
-            take = min(len(context) - 1 - keep, budget, self.chunk_size)
+            take = min(drafter.missing(context), budget, self.chunk_size)
             if take <= 0:
                 continue
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
-            tokens = list(context[keep: keep + take])
+            tokens = list(drafter.view(context)[keep: keep + take])
             rows.append(ForwardRow(drafter.sequence, tokens, 0))
             owners.append((drafter, tokens))
             budget -= take
@@ -107,7 +114,7 @@ class DraftEngine:
     def propose_many(self, calls: list[DraftCall]) -> list[DraftProposal]:
         """Every call's block, the calls stepped together (at most max(num_draft_tokens) forwards after the
         catch-up one)."""
-        wanted = [max(0, min(call.num_draft_tokens, self.max_context - len(call.context_ids)))
+        wanted = [max(0, min(call.num_draft_tokens, self.max_context - call.drafter.read_length(call.context_ids)))
                   for call in calls]
         active = [index for index, count in enumerate(wanted) if count > 0]
         tokens: list[list[int]] = [[] for _ in calls]
@@ -144,27 +151,50 @@ class EngineDrafter:
         self.name = name
         self.draft_engine = engine
         self.sequence = engine.engine.new_sequence()
-        self.cached_ids: list[int] = []
+        self.cached_ids: list[int] = []  # what the sequence holds: view(context)'s tokens, from its start
+        self.start = 0  # the first context position the draft reads (bound_draft_context)
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftProposal:
         return self.draft_engine.propose_many([DraftCall(self, context_ids, num_draft_tokens, sampling,
                                                          generator)])[0]
 
+    def view(self, context_ids: Sequence[int]) -> Sequence[int]:
+        """The part of the context the draft reads: from `start` on (all of it when the context is shorter)."""
+        return context_ids[self.start:] if 0 < self.start < len(context_ids) else context_ids
+
+    def read_length(self, context_ids: Sequence[int]) -> int:
+        return len(self.view(context_ids))
+
     def kept_prefix(self, context_ids: Sequence[int]) -> int:
-        """How much of the context its KV already holds and keeps (short of the last token, fed again for
-        its logits)."""
-        return min(common_prefix_length(self.cached_ids, context_ids), len(context_ids) - 1, self.sequence.length)
+        """How much of the context the draft reads its KV already holds and keeps (short of the last token,
+        fed again for its logits)."""
+        view = self.view(context_ids)
+        return min(common_prefix_length(self.cached_ids, view), len(view) - 1, self.sequence.length)
 
     def missing(self, context_ids: Sequence[int]) -> int:
         """Tokens to prefill before a proposal from this context costs only its draft steps."""
-        return max(0, len(context_ids) - 1 - self.kept_prefix(context_ids))
+        return max(0, self.read_length(context_ids) - 1 - self.kept_prefix(context_ids))
 
     def release(self) -> None:
         """Free the KV memory; the drafter stays usable (a new, empty sequence)."""
         self.sequence.release()
         self.sequence = self.draft_engine.engine.new_sequence()
         self.cached_ids.clear()
+
+
+def engine_drafter(drafter: Drafter | None) -> EngineDrafter | None:
+    """The model drafter that steps with others on a DraftEngine: the drafter itself or a hybrid's model half."""
+    model = getattr(drafter, "model", drafter)
+    return model if isinstance(model, EngineDrafter) else None
+
+
+def bound_draft_context(drafter: Drafter | None, num_prompt_tokens: int, window: int) -> None:
+    """Let a model draft read only the last `window` tokens of a prompt (0: all of it) and what follows:
+    set once per session, from the prompt alone. Prompt lookup (a hybrid's other half) still reads it all."""
+    model = engine_drafter(drafter)
+    if model is not None and window > 0:
+        model.start = max(0, num_prompt_tokens - window)
 
 
 def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
