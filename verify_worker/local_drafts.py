@@ -40,8 +40,8 @@ WARM_TOKENS_PER_TURN = 64
 # A session with fewer output tokens left than 1/WARM_PAYBACK of its draft's lag decodes plain to its end: a draft
 # prefill token costs about a quarter of a draft step, and drafting saves a fraction of a step per token.
 WARM_PAYBACK = 8
-# A drafting turn that left more than 1/HELD_SHARE of its sessions plain (their drafts still catching up) or with
-# blocks cut short by their output's end is not measured, nor is a turn that prefilled a prompt; the next turn at its load runs the same arm, at most
+# A drafting turn in which more than 1/HELD_SHARE of the sessions drafted no full block (drafts catching up, ends of
+# output) is not measured, nor is a turn that prefilled a prompt; the next turn at its load runs the same arm, at most
 # MAX_CARRIED_TURNS times in a row (a trial is not lost to the prompts that keep arriving under load).
 HELD_SHARE = 4
 MAX_CARRIED_TURNS = 2
@@ -62,9 +62,11 @@ class LocalDrafting:
     prefill_cost: DraftPrefillCost = field(default_factory=DraftPrefillCost)  # what drafting's turns leave out
     _turn: tuple[int, str] | None = None  # this turn's load and arm, until settled
     _warm_s: float = 0.0  # this turn's catching up of lagging drafts (in prefill_cost, not in the turn's figure)
-    _held: bool = False  # this drafting turn left too many sessions plain, their drafts still catching up
+    _held: bool = False  # too few of this drafting turn's sessions drafted a full block for it to be measured
     _draft_s: float = 0.0  # this turn's drafting
-    overhead_ms: float | None = None  # a turn's time beyond its forward and its drafting, decayed (the cost model's)
+    # by load bucket, a turn's time beyond its forward and its drafting, decayed (the cost model's round overhead;
+    # it grows with the rows: building them, the round math and the commits are per session)
+    overhead_ms: dict[int, float] = field(default_factory=dict)
     _carried: tuple[int, str] | None = None  # an unmeasured turn's load bucket and arm: the next turn runs it again
     _carried_turns: int = 0
     warm_tokens: int = WARM_TOKENS_PER_TURN
@@ -94,11 +96,13 @@ class LocalDrafting:
         alpha = self.recent.alpha()
         if self.cost is None or alpha is None:
             return None
-        cost = replace(self.cost, round_overhead_ms=self.overhead_ms or 0.0)
+        draft_cost_s = self.prefill_cost.per_output_token_s
+        rows = max(1, load)
+        cost = replace(self.cost, round_overhead_ms=self.overhead_ms.get(load_bucket(rows), 0.0),
+                       draft_prefill_ms_per_token=1000 * draft_cost_s)
         candidates = range(max(1, self.speculative.min_draft_tokens), self.speculative.max_draft_tokens + 1)
         if best_block_length(alpha, cost, candidates, 1, 1)[0] == 0:
             return None
-        rows = max(1, load)
         predicted = best_block_length(alpha, cost, candidates, rows, rows)[0]
         gamma = predicted or max(candidates, key=lambda g: cost.tokens_per_ms(alpha, g, rows, rows))
         carried, self._carried = self._carried, None
@@ -106,7 +110,8 @@ class LocalDrafting:
             arm = carried[1]  # the arm the last turn chose could not be measured: run it again
             self._carried_turns += 1
         else:
-            arm = self.turns.choose(rows, DRAFT if predicted else PLAIN, self.prefill_cost.per_output_token_s)
+            arm = self.turns.choose(rows, DRAFT if predicted else PLAIN, draft_cost_s,
+                                    explore=bool(predicted) or draft_cost_s == 0)
             self._carried_turns = 0
         self._turn = (rows, arm)
         return gamma if arm == DRAFT else 0
@@ -124,8 +129,10 @@ class LocalDrafting:
                 self.turns.record(*self._turn, committed, max(0.0, seconds - self._warm_s))
                 if forward_s is not None:
                     overhead = 1000 * max(0.0, seconds - self._warm_s - self._draft_s - forward_s)
-                    self.overhead_ms = overhead if self.overhead_ms is None else \
-                        OVERHEAD_DECAY * self.overhead_ms + (1 - OVERHEAD_DECAY) * overhead
+                    bucket = load_bucket(self._turn[0])
+                    last = self.overhead_ms.get(bucket)
+                    self.overhead_ms[bucket] = overhead if last is None else \
+                        OVERHEAD_DECAY * last + (1 - OVERHEAD_DECAY) * overhead
         self._turn, self._warm_s, self._held, self._draft_s = None, 0.0, False, 0.0
 
     def warm(self, sessions: Sequence[VerifySession], cap: int) -> set[int]:
@@ -165,11 +172,9 @@ class LocalDrafting:
             return
         cap = self.batch_gamma(len(sessions) if load is None else load)
         behind = self.warm(sessions, cap) if cap else set()
-        # sessions whose block the end of their output cuts short draft less than the load does: such turns, too
-        # many of them in one, say little about drafting at this load (a wave's last session ends at load 1)
+        # sessions whose block the end of their output cuts short draft less than the load does
         short = {id(session) for session in sessions
                  if session.local.spec.max_new_tokens - session.local.num_output <= cap + 1} if cap else set()
-        self._held = len(behind | short) * HELD_SHARE > len(sessions)
         for session in sessions:
             session.local.gamma_cap = 0 if id(session) in behind else cap
         calls = [(session, session.local.draft_call()) for session in sessions]
@@ -183,10 +188,25 @@ class LocalDrafting:
             total = sum(len(proposal.token_ids) for proposal in drafted) or 1
             proposals = {id(session): (proposal, elapsed * len(proposal.token_ids) / total)
                          for (session, _), proposal in zip(wanted, drafted)}
+        full = 0  # sessions that drafted a block the end of their output did not cut short
         for session in sessions:
             block = session.local.next_block(*proposals.get(id(session), (None, 0.0)))
             session.local.sent(block, b"", None)
             session.take(block)
+            full += bool(block.draft_ids) and id(session) not in short
+        self._classify(len(sessions), full, drafted=any(proposal.token_ids for proposal, _ in proposals.values()))
+
+    def _classify(self, sessions: int, full: int, drafted: bool) -> None:
+        """What this turn measures. A drafting turn in which no session drafted (their drafts catching up, their
+        controllers falling back, their outputs about to end) is a plain turn; one in which more than
+        1/HELD_SHARE of the sessions did not draft a full block says little about drafting at this load (a
+        wave's last session, ending at load 1, is no lone stream) and is not measured."""
+        if self._turn is None or self._turn[1] != DRAFT:
+            return
+        if not drafted:
+            self._turn = (self._turn[0], PLAIN)
+        elif (sessions - full) * HELD_SHARE > sessions:
+            self._held = True
 
     def on_verdict(self, session: VerifySession, verdict: Verdict, drafting: int) -> None:
         """The verdict of the block the session just finished, applied to its draft half in-process."""

@@ -98,6 +98,9 @@ class CostModel:
     # what a round costs beyond its forwards and draft steps (building rows, the round math, commits,
     # publishing): measured live by a verify worker drafting for its own sessions, 0 for a profile alone
     round_overhead_ms: float = 0.0
+    # the draft's prefill of the prompts it reads, per output token (a verify worker drafting for its own
+    # sessions pays it in its turns, holding every row of the step; 0 for a draft worker, on its own cores)
+    draft_prefill_ms_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -166,8 +169,11 @@ class CostModel:
         return drafted * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1) + self.round_overhead_ms
 
     def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
-        """Expected tokens per ms of one session whose step has `rows` rows like its own."""
-        return (1.0 + expected_accepted(alpha, gamma)) / self.round_ms(gamma, rows, draft_sessions)
+        """Expected tokens per ms of one session whose step has `rows` rows like its own; drafting also pays
+        the draft's prefill of every row's tokens (draft_prefill_ms_per_token)."""
+        tokens = 1.0 + expected_accepted(alpha, gamma)
+        prefill = rows * tokens * self.draft_prefill_ms_per_token if gamma else 0.0
+        return tokens / (self.round_ms(gamma, rows, draft_sessions) + prefill)
 
 
 def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:

@@ -78,13 +78,18 @@ class MeasuredTurns:
             return None
         return DRAFT if self.rate(bucket, DRAFT, draft_cost_s) > self.rate(bucket, PLAIN) else PLAIN
 
-    def choose(self, load: int, predicted: str, draft_cost_s: float = 0.0) -> str:
+    def choose(self, load: int, predicted: str, draft_cost_s: float = 0.0, explore: bool = True) -> str:
         """The arm for the next turn at `load`; `predicted` (the cost model's pick) goes first while both
         arms are young. Drafting pays less the more rows share a step, so while plain decoding wins at a
         lighter load, a heavier one where drafting was not measured yet decodes plain without trying it (a
-        trial that reverses the lighter load's winner opens it again). draft_cost_s: see rate()."""
+        trial that reverses the lighter load's winner opens it again). draft_cost_s: see rate(). explore False:
+        where drafting was not measured yet and plain is predicted, trust the prediction (a drafting trial
+        costs the drafts' catch-up, and a prediction that already charges it errs toward drafting, not away)."""
         bucket = load_bucket(load)
-        if self.figures(load, DRAFT).turns < self.min_turns and any(
+        young = self.figures(load, DRAFT).turns < self.min_turns
+        if young and not explore and predicted == PLAIN:
+            return PLAIN
+        if young and any(
                 lighter < bucket and self.winner(lighter, draft_cost_s) == PLAIN
                 for lighter, _ in list(self.arms)):
             return PLAIN

@@ -16,7 +16,7 @@ from services.models.drafters import DraftSource
 from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key, owner_key
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
-from services.speculative.measured_turns import MeasuredTurns
+from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns
 from services.speculative.sampling import SamplingParams
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import (
@@ -115,6 +115,9 @@ def test_a_cancelled_local_session_ends_its_stream_and_frees_both_caches(client,
         start_local(client, spec_of("gone", PROMPTS[1], max_new_tokens=200))
         events = wait_finished(client, "gone")
         assert events[-1].finish_reason == "cancelled" and events[-1].worker_id == "verify-t"
+        deadline = time.monotonic() + 5.0  # the stream's last event goes out before the worker drops the session
+        while len(verify.worker.sessions) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert len(verify.worker.sessions) == 0
         assert verify.worker.engine.store.num_sequences <= 1  # at most its KV, retired for prefix reuse
     finally:
@@ -215,7 +218,7 @@ def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_run
                              turns=MeasuredTurns(min_turns=1))
     chosen = []
     choose = drafting.turns.choose
-    drafting.turns.choose = lambda *args: chosen.append(choose(*args)) or chosen[-1]
+    drafting.turns.choose = lambda *args, **kwargs: chosen.append(choose(*args, **kwargs)) or chosen[-1]
     first = drafting.batch_gamma(1)
     for _ in range(MAX_CARRIED_TURNS):
         drafting.settle(None, 1.0)  # a prompt was prefilled in that turn
@@ -228,3 +231,17 @@ def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_run
     drafting.settle(6, 0.75)
     figures = drafting.turns.figures(1, chosen[1])
     assert figures.turns == 1 and figures.seconds == pytest.approx(0.5) and figures.tokens == 6
+
+
+def test_what_a_drafting_turn_measures_goes_by_how_many_sessions_drafted_a_full_block(draft):
+    """No session drafted (drafts catching up, fallbacks, ends of output): a plain turn. More than a quarter
+    without a full block: not measured. Otherwise: a drafting turn."""
+    drafting = LocalDrafting(draft, SpeculativeSettings())
+    drafting._turn = (1, DRAFT)
+    drafting._classify(1, 0, drafted=False)
+    assert drafting._turn == (1, PLAIN) and not drafting._held
+    drafting._turn = (8, DRAFT)
+    drafting._classify(8, 6, drafted=True)
+    assert drafting._turn == (8, DRAFT) and not drafting._held
+    drafting._classify(8, 5, drafted=True)
+    assert drafting._held

@@ -186,3 +186,34 @@ def test_plain_decoding_never_looks_dearer_than_it_was_measured_against_longer_s
     assert cost.step_ms[8] == {1: 194.2, 2: 194.2, 5: 583.2, 9: 378.1}
     assert cost.draft_step_ms == {4: 11.0, 16: 102.5}  # a batched step is never cheaper than one session's
     assert all(cost.step_cost(rows, 1) <= cost.step_cost(rows, n) for rows in (8, 16) for n in (2, 5, 9))
+
+
+def test_a_rounds_overhead_makes_longer_blocks_pay():
+    """What a round costs beyond its forwards (measured live when co-located) is paid once per round, so it
+    favours longer blocks: by hand, at acceptance 0.9, a linear verify curve and a draft step of 10 ms."""
+    a, curve = 0.9, {1: 30.0, 9: 70.0}
+
+    def by_hand(gamma: int, overhead: float) -> float:
+        return (1 - a ** (gamma + 1)) / (1 - a) / (gamma * 10.0 + 30.0 + 5.0 * gamma + overhead)
+
+    for overhead in (0.0, 60.0):
+        cost = CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=overhead)
+        rates = {gamma: by_hand(gamma, overhead) for gamma in range(1, 9)}
+        assert best_block_length(a, cost, range(1, 9))[0] == max(rates, key=rates.get)
+        assert cost.round_ms(3) == pytest.approx(30.0 + 15.0 + 30.0 + overhead)
+    assert best_block_length(a, CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=60.0), range(1, 9))[0] > \
+        best_block_length(a, CostModel(curve, draft_ms_per_token=10.0), range(1, 9))[0]
+
+
+def test_a_co_located_drafts_prompt_prefill_is_paid_by_every_row_of_the_step():
+    """draft_prefill_ms_per_token: each drafted round's tokens carry the draft's prefill of the prompts it
+    read, for every row of the step: a lone stream still drafts, 16 rows decode plain."""
+    base = dict(draft_ms_per_token=2.0, step_ms={16: {1: 160.0, 5: 200.0}})
+    free, charged = CostModel({1: 30.0, 5: 40.0}, **base), CostModel({1: 30.0, 5: 40.0}, **base,
+                                                                         draft_prefill_ms_per_token=10.0)
+    tokens = 1 + 0.9 + 0.81 + 0.729 + 0.6561
+    assert charged.tokens_per_ms(0.9, 4) == pytest.approx(tokens / (8.0 + 40.0 + tokens * 10.0))
+    assert charged.tokens_per_ms(0.9, 0, 16) == free.tokens_per_ms(0.9, 0, 16)  # plain decoding pays none
+    assert best_block_length(0.9, charged, range(1, 5), 1)[0] > 0
+    assert best_block_length(0.9, free, range(1, 5), 16)[0] > 0
+    assert best_block_length(0.9, charged, range(1, 5), 16)[0] == 0
