@@ -10,11 +10,12 @@ committed tokens per second of turns that drafted and of turns that did not (dec
 seconds; turns with a prompt's prefill chunk are left out, as both arms pay for those alike); the
 worker takes the better arm and tries the other one now and then, so a change of acceptance, prompts or
 machine speed is seen. Drafting's figure is charged what its turns leave out: the draft's prefill of each
-session's prompt, per output token (the caller's draft_cost_s). An arm seen fewer than `min_turns` times is tried first (the cost model's pick
-first), so a bucket decides after a few turns of each. A trial costs more than its turn (a drafting turn
-after plain ones first catches the draft's KV up on the tokens it skipped), so while trials keep confirming
-the winner they come ever rarer: every `explore_every`-th turn of the bucket, then twice as far apart after
-each confirmation, up to `max_explore_every`; a trial that turns the choice around starts over.
+session's prompt, per output token (the caller's draft_cost_s). An arm seen fewer than `min_turns` times is
+tried first (the cost model's pick first), so a bucket decides after a few turns of each. A trial costs more
+than its turn (a drafting turn after plain ones first catches the draft's KV up on the tokens it skipped), so
+while trials keep confirming the winner they come ever rarer: every `explore_every`-th turn of the bucket,
+then twice as far apart after each confirmation, up to `max_explore_every`; a trial that turns the choice
+around starts over.
 """
 
 from __future__ import annotations
