@@ -119,8 +119,8 @@ class LocalDrafting:
     def settle(self, committed: int | None, seconds: float, forward_s: float | None = None) -> None:
         """The turn is over: `committed` tokens in `seconds`, drafting included, the catching up of lagging
         drafts not (prefill_cost charges it to drafting per output token). Not measured: a turn that also
-        prefilled a prompt (committed None), or one that left more than 1/HELD_SHARE of its sessions plain
-        while their drafts caught up; its arm (a trial, maybe) runs again next turn. forward_s: the step's
+        prefilled a prompt (committed None), or a drafting turn in which more than 1/HELD_SHARE of the sessions
+        drafted no full block (_classify); its arm (a trial, maybe) runs again next turn. forward_s: the step's
         forward, to measure what the turn costs beyond it and its drafting (the cost model's round overhead)."""
         if self._turn is not None:
             if committed is None or self._held:
@@ -140,7 +140,7 @@ class LocalDrafting:
         than a block (a new session's prompt; tokens committed by plain turns); the ids of the sessions still
         lagging, which decode plain this turn rather than hold every row up for their catch-up, and of those
         too close to their end for a catch-up to pay back (they decode plain to the end)."""
-        lagging, ending = [], set()
+        lagging, ending, before = [], set(), 0
         for session in sessions:
             drafter = engine_drafter(session.local.drafter)
             missing = drafter.missing(session.local.committed) if drafter is not None else 0
@@ -150,9 +150,10 @@ class LocalDrafting:
                     ending.add(id(session))
                 else:
                     lagging.append((session, drafter))
+                    before += missing
         if not lagging:
             return ending
-        started, before = time.perf_counter(), sum(drafter.sequence.length for _, drafter in lagging)
+        started = time.perf_counter()
         by_engine: dict[int, list] = {}
         for session, drafter in lagging:
             by_engine.setdefault(id(drafter.draft_engine), []).append((drafter, session.local.committed))
@@ -160,9 +161,9 @@ class LocalDrafting:
             items[0][0].draft_engine.prefill_many(items, self.warm_tokens)
         seconds = time.perf_counter() - started
         self._warm_s += seconds
-        self.prefill_cost.prefilled(sum(drafter.sequence.length for _, drafter in lagging) - before, seconds)
-        return ending | {id(session) for session, drafter in lagging
-                         if drafter.missing(session.local.committed) > cap + 1}
+        still = {id(session): drafter.missing(session.local.committed) for session, drafter in lagging}
+        self.prefill_cost.prefilled(before - sum(still.values()), seconds)
+        return ending | {key for key, missing in still.items() if missing > cap + 1}
 
     def draft(self, sessions: Sequence[VerifySession], load: int | None = None) -> None:
         """Each local session without a block gets its next one, the drafting of all of them in one call (a

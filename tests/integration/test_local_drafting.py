@@ -245,3 +245,9 @@ def test_what_a_drafting_turn_measures_goes_by_how_many_sessions_drafted_a_full_
     assert drafting._turn == (8, DRAFT) and not drafting._held
     drafting._classify(8, 5, drafted=True)
     assert drafting._held
+
+
+def test_the_catch_up_feeds_the_prefill_rate_drafting_is_charged_with(draft):
+    drafting = LocalDrafting(draft, SpeculativeSettings(), warm_tokens=20)
+    drafting.warm([as_local(draft.new_drafter(), list(range(1, 31)))], cap=2)
+    assert drafting.prefill_cost.tokens == 20 and drafting.prefill_cost.seconds > 0
