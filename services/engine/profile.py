@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 VERIFY_SIZES = tuple(range(1, 10))  # 1 token (target alone) up to a block of 8 + 1
 STEP_ROWS = (2, 4, 8, 16, 32)
 STEP_SIZES = (1, 2, 3, 5, 9)
-PROFILE_FORMAT = 3  # 3: cells timed in interleaved passes
+PROFILE_FORMAT = 4  # 3: cells timed in interleaved passes; 4: attention in one call per shelf
 
 
 def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) -> list:

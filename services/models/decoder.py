@@ -1,11 +1,18 @@
 """One forward of a decoder-only LM over many sequences at once, each of its own length (ragged, packed).
+(Just over 300 lines: the forward and the one-call attention it runs per layer read best side by side.)
 
 The rows' new tokens are packed into one `[total_tokens, hidden]` stream, so
 every weight matrix is read once per step for all rows (that is where
-batching pays: on a CPU or a GPU alike the projections dominate). Attention
-is per row, against that row's own keys and values in the KV store, with
-its own positions (RoPE) and a causal mask offset by what the row already
-holds. Nothing is padded and no cache is copied.
+batching pays: on a CPU or a GPU alike the projections dominate).
+
+Attention runs in one call per shelf of the KV store (services/models/
+kv_store.py): the sequences of one capacity sit side by side in one tensor,
+so the step's short rows on a shelf (single tokens, blocks to verify) are one
+batched matmul over their slots, their queries padded to the widest row and
+each row masked to its own positions; the keys and values are read in place,
+never gathered or copied. A row of many tokens (a prefill chunk) attends
+alone, with its own causal mask: its work dwarfs a call's. Every row keeps its
+own positions (RoPE) and a causal mask offset by what it already holds.
 
 It walks the model's own modules (norms, projections, MLP, rotary embedding,
 head), so precision wrappers (int8, bf16 with fp32 norms, transposed fp32
@@ -26,7 +33,7 @@ import torch
 from torch import nn
 
 from services.errors import MirrorSDError
-from services.models.kv_store import KVShape, SequenceKV
+from services.models.kv_store import KVShape, SequenceKV, Shelf
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +132,109 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     return torch.bmm(probs, values)
 
 
+GROUP_MAX_TOKENS = 16  # rows of more tokens (prefill chunks) attend one by one: their own work dwarfs a call's
+MAX_SLOT_GAP = 2  # a run of slots breaks where more than this many slots outside the step lie between two rows
+
+
+@dataclass
+class _ShelfGroup:
+    """The short rows of a step whose sequences share a shelf, attended in one call over the shelf's slots
+    `low .. low + slots - 1`, each row's queries padded to `width`; every index and the mask are built once
+    per step, not per layer."""
+
+    shelf: Shelf
+    low: int
+    slots: int
+    width: int
+    length: int  # keys read per slot: the longest row's positions after this step
+    members: torch.Tensor  # [n] the rows' tokens in the packed stream
+    padded: torch.Tensor  # [n] where each token sits in the padded query [slots * width]
+    write_slots: torch.Tensor  # [n] the slot each token's keys and values go to
+    write_positions: torch.Tensor  # [n] and the position
+    mask: torch.Tensor | None  # [slots, 1, 1, width, length] additive, None when no key is hidden
+
+
+def _shelf_groups(rows: Sequence[ForwardRow], starts: list[int], counts: list[int], offsets: list[int],
+                  dtype: torch.dtype, device: torch.device) -> tuple[list[_ShelfGroup], list[int]]:
+    """The step's short rows grouped by shelf and run of slots, and the indices of the rows that attend one by
+    one (long rows, and a run's lone row). Reading a slot outside the step costs what a call costs, so a run
+    breaks at a wider gap."""
+    by_shelf: dict[int, list[int]] = {}
+    alone = []
+    for index, row in enumerate(rows):
+        if counts[index] > GROUP_MAX_TOKENS:
+            alone.append(index)
+        else:
+            by_shelf.setdefault(id(row.sequence.shelf), []).append(index)
+    runs: list[list[int]] = []
+    for indices in by_shelf.values():
+        indices.sort(key=lambda index: rows[index].sequence.slot)
+        runs.append([indices[0]])
+        for previous, index in zip(indices, indices[1:]):
+            if rows[index].sequence.slot - rows[previous].sequence.slot > MAX_SLOT_GAP + 1:
+                runs.append([])
+            runs[-1].append(index)
+    alone.extend(run[0] for run in runs if len(run) == 1)  # a lone row saves no call by padding
+    groups = []
+    for indices in (run for run in runs if len(run) > 1):
+        shelf = rows[indices[0]].sequence.shelf
+        slots = [rows[index].sequence.slot for index in indices]
+        low = min(slots)
+        num_slots = max(slots) - low + 1
+        width = max(counts[index] for index in indices)
+        length = max(starts[index] + counts[index] for index in indices)
+        members, padded, write_slots, write_positions = [], [], [], []
+        # the last position each padded query sees; padding and slots outside the step see every key
+        limits = torch.full((num_slots, width), length - 1, dtype=torch.long)
+        for index, slot in zip(indices, slots):
+            start, count = starts[index], counts[index]
+            members.extend(range(offsets[index], offsets[index] + count))
+            padded.extend((slot - low) * width + k for k in range(count))
+            write_slots.extend([slot] * count)
+            write_positions.extend(range(start, start + count))
+            limits[slot - low, :count] = torch.arange(start, start + count)
+        mask = None
+        if bool((limits < length - 1).any()):
+            hidden = torch.arange(length)[None, None, :] > limits[:, :, None]  # [slots, width, length]
+            mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf"))
+            mask = mask.to(device)[:, None, None]
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        groups.append(_ShelfGroup(shelf, low, num_slots, width, length, tensor(members), tensor(padded),
+                                  tensor(write_slots), tensor(write_positions), mask))
+    return groups, alone
+
+
+def _attend_group(group: _ShelfGroup, layer_index: int, query: torch.Tensor, new_kv: torch.Tensor,
+                  merged: torch.Tensor) -> None:
+    """Write the group's new keys and values into its shelf and attend all its rows in one call:
+    query [T, kv_heads, groups, d] (scaled), new_kv [T, 2, kv_heads, d]; the result goes into the group's
+    tokens of merged [T, heads * d]."""
+    shelf_kv = group.shelf.tensor[layer_index]  # [2, slots, kv_heads, capacity, d]
+    shelf_kv[:, group.write_slots, :, group.write_positions] = new_kv.index_select(0, group.members)
+    _, kv_heads, groups, head_dim = query.shape
+    padded = query.new_zeros(group.slots * group.width, kv_heads, groups, head_dim)
+    padded.index_copy_(0, group.padded, query.index_select(0, group.members))
+    # [slots * kv_heads, groups * width, d]: each kv head's query heads stacked, as in attend()
+    stacked = padded.view(group.slots, group.width, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4).reshape(
+        group.slots * kv_heads, groups * group.width, head_dim)
+    window = slice(group.low, group.low + group.slots)
+    keys = shelf_kv[0, window, :, : group.length].reshape(group.slots * kv_heads, group.length, head_dim)
+    values = shelf_kv[1, window, :, : group.length].reshape(group.slots * kv_heads, group.length, head_dim)
+    scores = torch.bmm(stacked, keys.transpose(1, 2))
+    if group.mask is not None:
+        scores.view(group.slots, kv_heads, groups, group.width, group.length).add_(group.mask)
+    if scores.dtype == torch.float32:
+        probs = scores.softmax(dim=-1)
+    else:  # low precision: the normalisation in fp32
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+    output = torch.bmm(probs, values).view(group.slots, kv_heads, groups, group.width, head_dim)
+    output = output.permute(0, 3, 1, 2, 4).reshape(group.slots * group.width, kv_heads * groups * head_dim)
+    merged.index_copy_(0, group.members, output.index_select(0, group.padded))
+
+
 @torch.inference_mode()
 def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torch.Tensor | None]:
     """Append every row's tokens to its sequence and return float32 logits [num_logits, vocab] per row
@@ -146,9 +256,10 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
     cos, sin = parts.rotary(hidden, positions[None])  # [1, T, head_dim] each
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, head_dim]
     groups = parts.num_heads // parts.num_kv_heads
-    # masks for rows of more than one token, with the query heads of a kv head stacked: [g*n, past + n]
-    masks = [causal_mask(count, start, hidden.dtype, device).repeat(groups, 1) if count > 1 else None
-             for start, count in zip(starts, counts)]
+    shelf_groups, alone = _shelf_groups(rows, starts, counts, offsets, hidden.dtype, device)
+    # masks of the rows that attend alone, the query heads of a kv head stacked: [g*n, past + n]
+    masks = {index: causal_mask(counts[index], starts[index], hidden.dtype, device).repeat(groups, 1)
+             if counts[index] > 1 else None for index in alone}  # a single token sees everything
     total = offsets[-1]
     for layer_index, layer in enumerate(parts.layers):
         attention = layer.self_attn
@@ -159,18 +270,21 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
         if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
             query, keys = attention.q_norm(query), attention.k_norm(keys)
         query = _apply_rope(query, cos, sin).mul_(attention.scaling)
-        new_kv = torch.stack((_apply_rope(keys, cos, sin), values)).permute(0, 2, 1, 3)  # [2, kv_heads, T, d]
-        # [kv_heads, groups, T, d]: the query heads of each kv head together
-        stacked = query.view(total, parts.num_kv_heads, groups, parts.head_dim).permute(1, 2, 0, 3)
-        output = torch.empty_like(stacked)
-        for index, row in enumerate(rows):
-            low, high, start = offsets[index], offsets[index + 1], starts[index]
-            row.sequence.write(layer_index, start, new_kv[:, :, low:high])
-            row_keys, row_values = row.sequence.view(layer_index, start + counts[index])
-            row_query = stacked[:, :, low:high].reshape(parts.num_kv_heads, groups * counts[index], parts.head_dim)
-            output[:, :, low:high] = attend(row_query, row_keys, row_values, masks[index]).view(
-                parts.num_kv_heads, groups, counts[index], parts.head_dim)
-        merged = output.permute(2, 0, 1, 3).reshape(total, parts.num_heads * parts.head_dim)  # [T, heads * d]
+        # [T, kv_heads, groups, d]: the query heads of each kv head together
+        query = query.view(total, parts.num_kv_heads, groups, parts.head_dim)
+        new_kv = torch.stack((_apply_rope(keys, cos, sin), values), dim=1)  # [T, 2, kv_heads, d]
+        merged = torch.empty(total, parts.num_heads * parts.head_dim, dtype=hidden.dtype, device=device)
+        for group in shelf_groups:
+            _attend_group(group, layer_index, query, new_kv, merged)
+        for index in alone:
+            low, high, start, count = offsets[index], offsets[index + 1], starts[index], counts[index]
+            sequence = rows[index].sequence
+            sequence.write(layer_index, start, new_kv[low:high].permute(1, 2, 0, 3))
+            row_keys, row_values = sequence.view(layer_index, start + count)
+            row_query = query[low:high].permute(1, 2, 0, 3).reshape(parts.num_kv_heads, groups * count,
+                                                                    parts.head_dim)
+            merged[low:high] = attend(row_query, row_keys, row_values, masks[index]).view(
+                parts.num_kv_heads, groups, count, parts.head_dim).permute(2, 0, 1, 3).reshape(count, -1)
         hidden = hidden + attention.o_proj(merged)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     for row, count in zip(rows, counts):

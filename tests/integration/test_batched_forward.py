@@ -132,3 +132,57 @@ def test_an_int8_target_gives_each_row_what_it_gets_alone():
     together = engine.forward([ForwardRow(engine.new_sequence(), prompt, 2) for prompt in prompts])
     for single, batched in zip(alone, together):
         assert torch.equal(batched, single)
+
+
+def _mixed_step(engine: TorchEngine, generator: torch.Generator, before_step=lambda: None) -> tuple[list, list]:
+    """Seven sequences: five of like lengths (one shelf), one released between them (a free slot in the
+    run), one longer (another shelf); then a step of single tokens, blocks and a prefill chunk."""
+    sequences = [engine.new_sequence() for _ in range(7)]
+    lengths = (20, 31, 9, 25, 40, 14, 150)
+    rows = [ForwardRow(sequence, random_ids(generator, n), 1) for sequence, n in zip(sequences, lengths)]
+    engine.forward(rows)
+    sequences[2].release()
+    live = [sequence for index, sequence in enumerate(sequences) if index != 2]
+    step = [ForwardRow(sequence, random_ids(generator, n), n) for sequence, n in zip(live, (1, 5, 1, 3, 40, 9))]
+    before_step()
+    return live, engine.forward(step)
+
+
+def test_attention_in_one_call_per_shelf_equals_attention_row_by_row(monkeypatch):
+    from services.models import decoder
+
+    target = build_tiny_llama(5)
+    calls = []
+    one_call = decoder._attend_group
+    monkeypatch.setattr(decoder, "_attend_group", lambda group, *args: calls.append(group) or one_call(group,
+                                                                                                          *args))
+    grouped_engine = TorchEngine(target)
+    grouped, grouped_logits = _mixed_step(grouped_engine, torch.Generator().manual_seed(3), calls.clear)
+    layers = len(grouped_engine.parts.layers)
+    # one call per layer for the four short rows on the small shelf (across the free slot); the 40-token
+    # chunk and the long sequence's block, alone on its shelf, attend one by one
+    assert len(calls) == layers
+    assert calls[0].slots == 5 and calls[0].width == 5  # slots 0-4 of the small shelf (2 free), a 5-token block
+    monkeypatch.setattr(decoder, "GROUP_MAX_TOKENS", 0)  # every row alone: the per-row attention
+    calls.clear()
+    alone_engine = TorchEngine(target)
+    alone, alone_logits = _mixed_step(alone_engine, torch.Generator().manual_seed(3))
+    assert not calls
+    for together, single in zip(grouped_logits, alone_logits):
+        torch.testing.assert_close(together, single, atol=1e-5, rtol=1e-5)
+        assert torch.equal(together.argmax(-1), single.argmax(-1))
+    for a, b in zip(grouped, alone):  # the same keys and values written, at the same positions
+        assert a.length == b.length
+        torch.testing.assert_close(a.kv[:, :, :, : a.length], b.kv[:, :, :, : b.length], atol=1e-6, rtol=1e-6)
+
+
+def test_a_bf16_target_attends_in_one_call_like_row_by_row(monkeypatch):
+    from services.models import decoder
+
+    target = build_tiny_llama(6)
+    target = LoadedModel(target.name, apply_precision(target.model, "bf16", torch.device("cpu")), None)
+    _, grouped_logits = _mixed_step(TorchEngine(target), torch.Generator().manual_seed(4))
+    monkeypatch.setattr(decoder, "GROUP_MAX_TOKENS", 0)
+    _, alone_logits = _mixed_step(TorchEngine(target), torch.Generator().manual_seed(4))
+    for together, single in zip(grouped_logits, alone_logits):
+        torch.testing.assert_close(together, single, atol=2e-2, rtol=2e-2)
