@@ -34,6 +34,7 @@ import redis
 from services.engine.draft_pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled, warm_up
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
+from services.link.meter import InboxLooks, LinkMeter
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
@@ -84,6 +85,8 @@ class SessionDriver(threading.Thread):
         self.stopping = threading.Event()
         self._controlled = 0.0
         self.num_verdicts = 0
+        self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
+        self._looks = InboxLooks()
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -135,9 +138,10 @@ class SessionDriver(threading.Thread):
     def turn(self) -> None:
         self._start_new()
         raws = self._pop_verdicts(wait=not self._due and not self._speculation_pending())
+        seen_at, held_s = time.perf_counter(), self._looks.take() if raws else 0.0
         for raw in raws:
             try:
-                self._on_verdict(raw)
+                self._on_verdict(raw, seen_at, held_s)
             except Exception:  # a verdict this side cannot apply: that session fails, the others go on
                 logger.exception("draft driver: could not apply a verdict")
         self._send(self._next_blocks())
@@ -192,17 +196,28 @@ class SessionDriver(threading.Thread):
             return None
 
     def _pop_verdicts(self, wait: bool) -> list[bytes]:
+        issued = time.perf_counter()
         raws = self.client.lpop(self.inbox, INBOX_BATCH)
+        self._looks.looked(issued, time.perf_counter(), bool(raws))
         if raws or not wait:
             return list(raws or [])
         if not self._handles:
             self._wake.wait(IDLE_WAIT_S)  # nothing running: sleep until a task submits a session
             self._wake.clear()
             return []
+        issued = time.perf_counter()
         item = self.client.blpop([self.inbox], timeout=min(IDLE_WAIT_S, CONTROL_EVERY_S))
+        self._looks.looked(issued, time.perf_counter(), bool(item))
         return [item[1]] if item else []
 
-    def _on_verdict(self, raw: bytes) -> None:
+    def _verdict_waits(self) -> bool:
+        """The speculation's poll: is anything in the inbox? (a look, for the transport figure)"""
+        issued = time.perf_counter()
+        found = self.client.llen(self.inbox) > 0
+        self._looks.looked(issued, time.perf_counter(), found)
+        return found
+
+    def _on_verdict(self, raw: bytes, seen_at: float | None = None, held_s: float = 0.0) -> None:
         try:
             message = decode_one_of(raw, (Verdict, BlockTaken))
         except ProtocolError as exc:
@@ -221,10 +236,13 @@ class SessionDriver(threading.Thread):
                          extra={"request_id": verdict.request_id})
             return
         try:
-            finished = session.on_verdict(verdict, draft_sessions=len(self._handles))
+            finished = session.on_verdict(verdict, draft_sessions=len(self._handles), seen_at=seen_at,
+                                          held_s=held_s)
         except Exception as exc:
             self._finish(handle, error=f"could not apply the verdict of round {verdict.round}: {exc}")
             raise
+        if session.last_trip is not None:
+            self.meter.observe_round(session.last_trip)
         handle.snapshot = session.progress()
         if finished:
             self._finish(handle)
@@ -245,9 +263,10 @@ class SessionDriver(threading.Thread):
                 payload = block.encode()
                 sent.append((handle, block, payload, worker))
                 pipe.rpush(queue, payload)
+            sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
             pipe.execute()  # raises when Redis is away: the blocks stay due and are sent again
         for handle, block, payload, worker in sent:
-            handle.session.sent(block, payload, worker)
+            handle.session.sent(block, payload, worker, sent_at, sent_wall)
             self._due.pop(handle.session.request_id, None)
 
     def _speculations(self) -> list[SpeculationState]:
@@ -262,7 +281,7 @@ class SessionDriver(threading.Thread):
         until any verdict arrives."""
         states = warm_up(self._speculations())
         if states:
-            speculate_many(states, throttled(lambda: self.client.llen(self.inbox) > 0, POLL_EVERY_S))
+            speculate_many(states, throttled(self._verdict_waits, POLL_EVERY_S))
 
     # --- control path ---------------------------------------------------------------------------
     def _control(self) -> None:

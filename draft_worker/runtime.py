@@ -179,9 +179,11 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
             raise
         result = summary.to_dict()
         with client.pipeline() as pipe:  # for the bench: off the per-round path
-            if summary.transport_ms:
-                pipe.lpush(protocol.TRANSPORT_SAMPLES_KEY, *(f"{ms:.4f}" for ms in summary.transport_ms))
-                pipe.ltrim(protocol.TRANSPORT_SAMPLES_KEY, 0, protocol.TRANSPORT_SAMPLES_MAX - 1)
+            for key, samples in ((protocol.TRANSPORT_SAMPLES_KEY, summary.transport_ms),
+                                 (protocol.ROUND_TRIP_SAMPLES_KEY, summary.round_trip_ms)):
+                if samples:
+                    pipe.lpush(key, *(f"{ms:.4f}" for ms in samples))
+                    pipe.ltrim(key, 0, protocol.TRANSPORT_SAMPLES_MAX - 1)
             for name, value in summary.timing.as_fields().items():
                 pipe.hincrbyfloat(protocol.DRAFT_TIMING_KEY, name, value)
             pipe.execute()
@@ -204,7 +206,8 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
 
 
 class DraftHeartbeat(threading.Thread):
-    """Tells readiness checks and telemetry that this draft worker process is alive."""
+    """Tells readiness checks and telemetry that this draft worker process is alive, and how far it is from
+    Redis: each beat PINGs first (the smoothed RTT goes into its link figures, with its rounds' round trips)."""
 
     def __init__(self, runtime_factory: Callable[[], DraftRuntime], pool: str) -> None:
         super().__init__(daemon=True, name="draft-heartbeat")
@@ -215,12 +218,17 @@ class DraftHeartbeat(threading.Thread):
     def run(self) -> None:
         runtime = self._runtime_factory()
         settings = runtime.settings
+        meter = runtime.driver.meter
         while not self.stop.is_set():
             try:
+                started = time.perf_counter()
+                runtime.client.ping()
+                meter.observe_ping(1000 * (time.perf_counter() - started))
                 beat = protocol.Heartbeat(worker_id=runtime.worker_id, role="draft", pool=self._pool,
                                           model=runtime.draft_source.spec, profile=runtime.profile,
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
-                                          host=socket.gethostname(), draft_fallback=runtime.fallback)
+                                          host=socket.gethostname(), draft_fallback=runtime.fallback,
+                                          link=meter.figures())
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again

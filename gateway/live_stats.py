@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.speculative.stats import SpecDecodingStats
+from services.speculative.stats import SpecDecodingStats, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,10 @@ class LiveStats:
     def summary(self, seconds: int = 10, now: float | None = None) -> dict:
         """Tokens/s over the last `seconds` whole seconds; TTFT percentiles over the last 200 requests."""
         rows = self.series(seconds, now)
-        ttfts = sorted(self.recent_ttft_s)
 
         def pct(q: float) -> float | None:
-            return 1000 * ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else None
+            value = percentile(self.recent_ttft_s, q)
+            return None if value is None else 1000 * value
 
         return {"tokens_per_s": sum(r["tokens_per_s"] for r in rows) / seconds,
                 "ttft_ms_p50": pct(0.5), "ttft_ms_p99": pct(0.99),

@@ -141,6 +141,7 @@ class FleetCollector:
                 for arm, rate in arms.items():
                     turns.add_metric([beat.worker_id, str(load), arm], float(rate))
         yield turns
+        yield from self._draft_links()
         restarts = GaugeMetricFamily("mirror_sd:child_restarts", "Restarts of each `mirror-sd up` child process "
                                      "by its supervisor", labels=["child"])
         states = GaugeMetricFamily("mirror_sd:child_state", "1 for the state each `mirror-sd up` child is in "
@@ -152,3 +153,28 @@ class FleetCollector:
                 states.add_metric([child.name, state], 1.0 if child.state == state else 0.0)
         yield restarts
         yield states
+
+    def _draft_links(self):
+        """Draft workers' link figures (services/link/meter.py), in seconds: Redis RTT, and per round the round
+        trip and the transport (round trip - the verify worker's time - the draft driver's time elsewhere)."""
+        rtt = GaugeMetricFamily("mirror_sd:draft_redis_rtt_seconds", "A draft worker's Redis PING, smoothed",
+                                labels=["worker", "pool"])
+        families = {figure: GaugeMetricFamily(f"mirror_sd:draft_{figure}_seconds", doc, labels=["worker", "pool",
+                                                                                                "quantile"])
+                    for figure, doc in (("round_trip", "Draft block sent -> its verdict seen, on the draft "
+                                         "worker's clock, over its recent rounds"),
+                                        ("transport", "Round trip less the verify worker's own time for the block "
+                                         "and the draft driver's time on other work, over its recent rounds"))}
+        for beat in self.beats:
+            link = beat.link
+            if beat.role != "draft" or link is None:
+                continue
+            if link.redis_rtt_ms is not None:
+                rtt.add_metric([beat.worker_id, beat.pool], link.redis_rtt_ms / 1000)
+            for figure, family in families.items():
+                for suffix, quantile in (("p50", "0.5"), ("p99", "0.99")):
+                    value = getattr(link, f"{figure}_ms_{suffix}")
+                    if value is not None:
+                        family.add_metric([beat.worker_id, beat.pool, quantile], value / 1000)
+        yield rtt
+        yield from families.values()

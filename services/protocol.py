@@ -124,14 +124,29 @@ def heartbeat_key(worker_id: str) -> str:
 
 HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 
-# Recent per-round transport overheads in ms (round trip minus verify time), newest first, capped.
+# Recent per-round transport in ms (round trip minus the verify worker's time and the draft driver's time
+# elsewhere, on the draft worker's clock: services/link/meter.py), newest first, capped.
 TRANSPORT_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:transport_ms"
 TRANSPORT_SAMPLES_MAX = 20000
+# Recent per-round round trips in ms (block sent -> verdict seen, on the draft worker's clock), like the above.
+ROUND_TRIP_SAMPLES_KEY = f"{KEY_PREFIX}:metrics:round_trip_ms"
 DRAFT_TIMING_KEY = f"{KEY_PREFIX}:draft-timing"  # hash of summed seconds/counts (services/engine/draft_pipeline.py)
 # `mirror-sd up`'s supervisor: child name -> ChildStatus (a hash, rewritten on every change and every few
 # seconds, expiring when no supervisor writes it), read by /metrics, /readyz, the dashboard and `mirror-sd status`.
 CHILDREN_KEY = f"{KEY_PREFIX}:supervisor:children"
 CHILDREN_TTL_S = 10
+DRAFT_LINK = "draft"  # the name of the link `mirror-sd up --draft-link` puts the draft workers behind
+LINK_STATUS_TTL_S = 3
+
+
+def link_status_key(name: str) -> str:
+    """A running link's LinkStatus (services/link/), rewritten every second, expiring when it stops."""
+    return f"{KEY_PREFIX}:link:{name}"
+
+
+def link_setting_key(name: str) -> str:
+    """The LinkSetting a running link applies (the bench's --draft-link levels write it)."""
+    return f"{KEY_PREFIX}:link:{name}:setting"
 
 
 class ProtocolError(ValueError):
@@ -357,6 +372,16 @@ class OutputEvent(Message):
     worker_id: str = ""  # the verify worker that committed it (holds the session's KV: cache affinity)
 
 
+def _plain_from_wire(cls: type, data: dict, name: str):
+    """A flat nested value from its map: unknown keys ignored, known ones type-checked."""
+    hints = _field_hints(cls)
+    known = {key: data[key] for key in hints if key in data}
+    for key, value in known.items():
+        if not conforms(value, hints[key]):
+            raise ValueError(f"{name}.{key} has the wrong type ({type(value).__name__})")
+    return cls(**known)
+
+
 @dataclass
 class DraftFallback:
     """A draft worker serving with another draft than it was given: which failed, how, what serves instead."""
@@ -372,14 +397,43 @@ class DraftFallback:
 
     @classmethod
     def from_wire(cls, data: dict) -> "DraftFallback":
-        known = {name: data[name] for name in _field_hints(cls) if name in data}
-        for name, value in known.items():
-            if not conforms(value, _field_hints(cls)[name]):
-                raise ValueError(f"draft_fallback.{name} has the wrong type ({type(value).__name__})")
-        return cls(**known)
+        return _plain_from_wire(cls, data, "draft_fallback")
 
     def describe(self) -> str:
         return f"draft {self.draft} cannot run here: {self.reason}; drafting with {self.serving} instead"
+
+
+@dataclass
+class LinkFigures:
+    """A draft worker's link to Redis, as it measures it (services/link/meter.py). Milliseconds; None: not
+    measured yet. Round trip: a block sent -> its verdict seen, on the draft worker's clock; transport: that
+    round trip less the verify worker's own time for the block and the time the driver was busy before it
+    looked, so it never counts drafting (a lower bound of the time on the wire and in queues)."""
+
+    redis_rtt_ms: float | None = None  # a PING, smoothed (exponential, weight 0.3 for the newest)
+    round_trip_ms_p50: float | None = None  # over the last `window` rounds
+    round_trip_ms_p99: float | None = None
+    transport_ms_p50: float | None = None
+    transport_ms_p99: float | None = None
+    verify_ms_p50: float | None = None  # the verify worker's own time per block, as it reports it
+    rounds: int = 0  # rounds measured since start
+    window: int = 0  # rounds the percentiles are over
+
+    def to_wire(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "LinkFigures":
+        return _plain_from_wire(cls, data, "link")
+
+    def describe(self) -> str:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1f}"
+
+        return (f"Redis RTT {ms(self.redis_rtt_ms)} ms; round trip p50/p99 {ms(self.round_trip_ms_p50)}/"
+                f"{ms(self.round_trip_ms_p99)} ms; transport p50/p99 {ms(self.transport_ms_p50)}/"
+                f"{ms(self.transport_ms_p99)} ms; verify p50 {ms(self.verify_ms_p50)} ms (last {self.window} "
+                f"of {self.rounds} rounds)")
 
 
 @dataclass
@@ -411,8 +465,9 @@ class Heartbeat(Message):
     local_draft: str = ""  # verify workers drafting for their own sessions (placement local): that draft's spec
     # and what their turns measured: {load bucket: {"draft": tok/s, "plain": tok/s}} (the choice at each load)
     local_turns: dict = field(default_factory=dict)
+    link: LinkFigures | None = None  # draft workers: their link to Redis and their rounds' round trips
     sent_at: float = field(default_factory=time.time)
-    NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback}
+    NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback, "link": LinkFigures}
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -463,3 +518,32 @@ class ChildStatus(Message):
     log_path: str | None = None
     detail: str = ""  # why it failed, one line
     updated_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class LinkSetting(Message):
+    """What a running link should add (services/link/): written under link_setting_key by whoever changes it
+    (the link itself at start, the bench between levels)."""
+
+    KIND: ClassVar[str] = "link_setting"
+    rtt_ms: float
+    jitter_ms: float = 0.0
+    set_by: str = ""
+    set_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class LinkStatus(Message):
+    """A running link as it is now (link_status_key, every second): for `mirror-sd status` and the bench."""
+
+    KIND: ClassVar[str] = "link_status"
+    name: str
+    listen: str  # host:port it accepts on
+    upstream: str  # host:port it forwards to
+    rtt_ms: float
+    jitter_ms: float = 0.0
+    connections: int = 0  # open now
+    bytes_up: int = 0
+    bytes_down: int = 0
+    pid: int = 0
+    sent_at: float = field(default_factory=time.time)

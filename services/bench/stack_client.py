@@ -80,13 +80,20 @@ def transport_samples(redis_url: str) -> list[float]:
 
     from services.protocol import TRANSPORT_SAMPLES_KEY
 
-    client = redis.Redis.from_url(redis_url)
-    return [float(value) for value in client.lrange(TRANSPORT_SAMPLES_KEY, 0, -1)]
+    return sample_list(redis.Redis.from_url(redis_url), TRANSPORT_SAMPLES_KEY)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+def sample_list(client, key: str) -> list[float]:
+    """One of the draft workers' capped sample lists (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY), newest
+    first."""
+    return [float(value) for value in client.lrange(key, 0, -1)]
+
+
+def new_samples(before: int, samples: list[float]) -> list[float]:
+    """The samples pushed since the list held `before` of them (all of them once it reached its cap)."""
+    from services.protocol import TRANSPORT_SAMPLES_MAX
+
+    return samples[: max(0, len(samples) - before)] if before < TRANSPORT_SAMPLES_MAX else samples
 
 
 def fleet_draft_ms_per_token(redis_url: str) -> float | None:

@@ -24,6 +24,7 @@ from services.cli import (
     gateway,
     generate,
     keys,
+    link,
     llamacpp,
     models,
     status,
@@ -66,6 +67,8 @@ app.command("verify-worker")(verify_worker.verify_worker_command)
 app.command("draft-worker")(draft_worker.draft_worker_command)
 app.command()(up.up)
 app.command()(status.status)
+# a negative RTT (`link -5`) reaches the command's own check, which names it, instead of "no such option"
+app.command("link", context_settings={"ignore_unknown_options": True})(link.link_command)
 app.command("gateway")(gateway.gateway_command)
 
 

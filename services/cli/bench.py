@@ -46,11 +46,13 @@ def bench(
     requests: Annotated[int | None, typer.Option(min=1, help="requests per concurrency level (default: max(prompts, level))")] = None,
     max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
     merging: Annotated[bool, typer.Option("--merging", help="similar-request merging through the stack at --url: TTFT sharing a ~1,000-token prefix against cold, 8 identical requests against one, unrelated prompts against --baseline-url (a stack with merging off)")] = False,
+    draft_link: Annotated[str | None, typer.Option("--draft-link", metavar="RTT_MS[:JITTER_MS],...", help="the bench once per level, the stack's draft workers behind a link of that RTT (and jitter), side by side in <out>/links.md; the stack must run a draft link (mirror-sd up --draft-link 0)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
 
     With --concurrency: throughput and latency of a running stack at each number of requests in flight,
-    against its own plain route and transformers' static batching (hf-batch)."""
+    against its own plain route and transformers' static batching (hf-batch).
+    With --draft-link: either, once per link level between the draft workers and Redis."""
     from pathlib import Path
 
     from services.bench.prompts import load_prompts, select_prompts
@@ -59,16 +61,19 @@ def bench(
     from services.speculative.sampling import SamplingParams
 
     settings = get_settings()
+    levels = _parse_link_levels(draft_link, merging, redis_url or settings.redis_url)
     if merging:
         _bench_merging(prompts=prompts, url=url, baseline_url=baseline_url, api_key=api_key,
                        redis_url=redis_url or settings.redis_url, model=target or settings.target, out=out)
         return
     if concurrency is not None:
-        _bench_concurrency(prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
-                           target=target, limit=limit, per_group=per_group, categories=categories,
-                           max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests,
-                           max_new_tokens=max_new_tokens, threads=threads, chat=chat, out=out, url=url,
-                           baseline_url=baseline_url, api_key=api_key, redis_url=redis_url, repeat=repeat)
+        run_level = _bench_concurrency(
+            prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
+            target=target, limit=limit, per_group=per_group, categories=categories,
+            max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests, max_new_tokens=max_new_tokens,
+            threads=threads, chat=chat, url=url, baseline_url=baseline_url, api_key=api_key, redis_url=redis_url,
+            repeat=repeat, linked=levels is not None)
+        _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out))
         return
     if block_policy is not None:
         if block_policy not in ("acceptance", "cost"):
@@ -88,19 +93,81 @@ def bench(
         )
     except ValueError as exc:
         fail(str(exc))
+    if levels is not None and "stack" not in config.modes:
+        fail("--draft-link changes the link of a running stack's draft workers: add the stack mode (e.g. --modes "
+             "ar,stack)")
     target_model = _bench_target(config.prompts, target, threads, settings)
+
+    def run_level(folder: Path) -> tuple[dict, bool]:
+        try:
+            outcome = run_bench(config, settings, target_model, folder)
+        except (ValueError, MirrorSDError) as exc:
+            fail(str(exc))
+        typer.echo(outcome.table)
+        typer.echo("wrote " + ", ".join(str(path) for path in outcome.files))
+        for mode, ids in outcome.peer_mismatches.items():
+            typer.echo(f"note: transformers' {mode} differs from ar on {', '.join(ids)}", err=True)
+        for mode, ids in outcome.mismatches.items():
+            typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
+        return _stack_headline(folder / "results.json"), bool(outcome.mismatches)
+
+    _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out))
+
+
+def _parse_link_levels(text: str | None, merging: bool, redis_url: str):
+    """--draft-link's levels (None without it), once a draft link is found running: before a model loads."""
+    if text is None:
+        return None
+    from services.bench.links import find_draft_link
+    from services.link.spec import parse_link_levels
+
+    if merging:
+        fail("--draft-link runs the stack or concurrency bench once per link level; not with --merging")
     try:
-        outcome = run_bench(config, settings, target_model, Path(out))
-    except (ValueError, MirrorSDError) as exc:
+        levels = parse_link_levels(text)
+    except ValueError as exc:
+        fail(f"--draft-link: {exc}")
+    try:
+        find_draft_link(redis_url)
+    except RuntimeError as exc:
         fail(str(exc))
-    typer.echo(outcome.table)
-    typer.echo("wrote " + ", ".join(str(path) for path in outcome.files))
-    for mode, ids in outcome.peer_mismatches.items():
-        typer.echo(f"note: transformers' {mode} differs from ar on {', '.join(ids)}", err=True)
-    for mode, ids in outcome.mismatches.items():
-        typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
-    if outcome.mismatches:
+    return levels
+
+
+def _run_levels(run_level, levels, redis_url: str, out):
+    """The bench once (levels None) or once per draft link level, side by side; exit 1 on a greedy mismatch."""
+    if levels is None:
+        failed = run_level(out)[1]
+    else:
+        from services.bench.links import run_link_levels
+
+        failures = []
+
+        def one_level(folder):
+            headline, failed_here = run_level(folder)
+            failures.append(failed_here)
+            return headline
+
+        try:
+            _rows, files = run_link_levels(levels, redis_url=redis_url, out_dir=out, run_level=one_level,
+                                           progress=lambda line: typer.echo(line, err=True))
+        except RuntimeError as exc:
+            fail(str(exc))
+        typer.echo(files[1].read_text())
+        typer.echo("wrote " + ", ".join(str(path) for path in files))
+        failed = any(failures)
+    if failed:
         raise typer.Exit(code=1)
+
+
+def _stack_headline(results_path) -> dict:
+    """The stack mode's figures over all prompts, from a bench's results.json."""
+    import json
+
+    rows = json.loads(results_path.read_text())["aggregates"]
+    row = next((row for row in rows if row["mode"] == "stack" and row["scope"] == "all"), {})
+    return {"stack tok/s": row.get("tokens_per_s"), "x ar": row.get("speedup_vs_ar"),
+            "acceptance": row.get("acceptance_rate")}
 
 
 def _bench_merging(*, prompts: str, url: str, baseline_url: str | None, api_key: str | None, redis_url: str,
@@ -137,8 +204,10 @@ def _bench_target(prompts: list, target: str | None, threads: int | None, settin
 
 def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: int | None, per_group: int | None,
                        categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
-                       max_new_tokens: int, threads: int | None, chat: bool, out: str, url: str,
-                       baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int) -> None:
+                       max_new_tokens: int, threads: int | None, chat: bool, url: str,
+                       baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int,
+                       linked: bool = False):
+    """Checks the options and loads the target once; returns the run of one bench into a folder."""
     from pathlib import Path
 
     from services.bench.concurrency import (
@@ -164,13 +233,19 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
                                    repeat=repeat)
     except ValueError as exc:
         fail(str(exc))
+    if linked and "stack" not in config.modes:
+        fail("--draft-link changes the link of a running stack's draft workers: add the stack mode")
     target_model = _bench_target(config.prompts, target, threads, settings)
-    try:
-        rows, mismatches, files = run_concurrency_bench(config, target_model, Path(out),
-                                                        progress=lambda line: typer.echo(line, err=True))
-    except (ValueError, RuntimeError, MirrorSDError) as exc:
-        fail(str(exc))
-    typer.echo(Path(files[1]).read_text())
-    typer.echo("wrote " + ", ".join(str(path) for path in files))
-    if any(mismatch.fatal for mismatch in mismatches):
-        raise typer.Exit(code=1)
+
+    def run_level(folder: Path) -> tuple[dict, bool]:
+        try:
+            rows, mismatches, files = run_concurrency_bench(config, target_model, folder,
+                                                            progress=lambda line: typer.echo(line, err=True))
+        except (ValueError, RuntimeError, MirrorSDError) as exc:
+            fail(str(exc))
+        typer.echo(Path(files[1]).read_text())
+        typer.echo("wrote " + ", ".join(str(path) for path in files))
+        headline = {f"C={row.concurrency} tok/s": row.tokens_per_s for row in rows if row.mode == "stack"}
+        return headline, any(mismatch.fatal for mismatch in mismatches)
+
+    return run_level

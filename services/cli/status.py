@@ -16,6 +16,8 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     import time
 
     from services.config import get_settings
+    from services.link.control import read_link
+    from services.protocol import DRAFT_LINK
     from services.redis_client import connect, read_children, read_heartbeats
     from telemetry.service import read_routing_table
 
@@ -23,10 +25,12 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
     table = read_routing_table(client)
     children = read_children(client)
+    link = read_link(client, DRAFT_LINK)
     if as_json:
         typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
                                    "routing": table.to_dict() if table else None,
-                                   "children": [child.to_dict() for child in children]}))
+                                   "children": [child.to_dict() for child in children],
+                                   "draft_link": link.to_dict() if link else None}))
         return
     typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':11} {'temp':>6} {'util':>5} {'accept':>6} "
                f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
@@ -51,6 +55,12 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
                     for load, arms in sorted(beat.local_turns.items(), key=lambda item: int(item[0]))))
         if beat.draft_fallback is not None:
             typer.echo(f"fallback: {beat.worker_id}: {beat.draft_fallback.describe()}")
+        if beat.link is not None:
+            typer.echo(f"link: {beat.worker_id}: {beat.link.describe()}")
+    if link is not None:
+        jitter = f" + jitter up to {link.jitter_ms:g} ms" if link.jitter_ms else ""
+        typer.echo(f"draft link: {link.listen} -> {link.upstream}, RTT {link.rtt_ms:g} ms{jitter}, "
+                   f"{link.connections} connections")
     if children:
         typer.echo("processes (mirror-sd up): " + ", ".join(
             f"{child.name} {child.state}" + (f" ({child.restarts} restarts, last {child.last_exit})"

@@ -27,6 +27,10 @@ def up(
         "--draft-placement", help="local: the verify workers draft for their own sessions on every core; remote: a "
         "draft worker of its own (the fleet's layout); auto: local when the target runs on the CPU with one core, "
         "else remote")] = "auto",
+    draft_link: Annotated[str | None, typer.Option(
+        "--draft-link", metavar="RTT_MS[:JITTER_MS]", help="drafts at the edge: the draft worker reaches Redis "
+        "(and its Celery broker) through a link that adds RTT_MS to every round trip, plus a random 0..JITTER_MS, "
+        "e.g. 20 or 20:5. Needs a draft worker: placement auto becomes remote, local is refused")] = None,
 ) -> None:
     """Run the local stack (gateway, draft worker, verify workers, telemetry) with the built-in model until Ctrl-C."""
     import signal as signal_lib
@@ -48,6 +52,7 @@ def up(
             supervisor_box[0].kill_all()
         stop.set()
 
+    link = _parse_draft_link(draft_link, draft_placement)
     supervisor_box: list = []
     for signum in (signal_lib.SIGINT, signal_lib.SIGTERM):
         signal_lib.signal(signum, on_signal)
@@ -68,17 +73,18 @@ def up(
     settings = get_settings()
     init_db(settings.database_url)  # migrate once, before the children race to it
     try:
-        placement = choose_placement(draft_placement, settings.device)
+        placement = choose_placement("remote" if link and draft_placement == "auto" else draft_placement,
+                                     settings.device)
     except ValueError as exc:
         fail(f"--draft-placement: {exc}")
     described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])
     drafting = ("drafting for their own sessions (placement local)" if placement == "local"
-                else "and a draft worker (placement remote)")
+                else "and a draft worker (placement remote)" + (f" behind a link ({link.describe()})" if link else ""))
     typer.echo(f"starting gateway on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
                f"({settings.target}) {drafting}, and telemetry ...", err=True)
     try:
         supervisor, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
-                                          verify_pools=pools, stop=stop, placement=placement)
+                                          verify_pools=pools, stop=stop, placement=placement, draft_link=link)
     except RuntimeError as exc:
         if stop.is_set():
             raise typer.Exit(0) from None  # Ctrl-C while starting: stopped, as asked
@@ -113,6 +119,22 @@ def up(
         if private is not None:
             private.stop()
     raise typer.Exit(code)
+
+
+def _parse_draft_link(text: str | None, placement: str):
+    """--draft-link's LinkSpec (None without one); a bad value, or local placement, exits 2 naming it."""
+    if text is None:
+        return None
+    from services.link.spec import parse_link
+
+    try:
+        link = parse_link(text)
+    except ValueError as exc:
+        fail(f"--draft-link: {exc}")
+    if placement == "local":
+        fail(f"--draft-link {text} puts draft workers behind a link, and --draft-placement local runs none (the "
+             "verify workers draft in-process); use --draft-placement remote (or auto)")
+    return link
 
 
 def _say_fallbacks(port: int) -> None:

@@ -60,6 +60,7 @@ class SpeculationState:
         self.probs: list[torch.Tensor | None] = []  # per token; None: a point mass
         self.elapsed_s = 0.0
         self.stalled = False  # the drafter had nothing more to propose
+        self.drafted_at = 0.0  # wall clock (time.time) when its last token was drafted
 
     @property
     def done(self) -> bool:
@@ -73,6 +74,7 @@ class SpeculationState:
 
     def add(self, proposal: DraftProposal, elapsed_s: float) -> None:
         self.elapsed_s += elapsed_s
+        self.drafted_at = time.time()
         if not proposal.token_ids:
             self.stalled = True
             return
@@ -84,7 +86,7 @@ class SpeculationState:
         if not self.tokens:
             return None
         return Speculation(self.tokens[0], self.tokens[1:], block_probs(self.probs[1:], self.tokens[1:]),
-                           self.elapsed_s, time.time())
+                           self.elapsed_s, self.drafted_at)  # when drafting ended, not when it is read
 
 
 WARM_UP_TOKENS = 64  # draft prefill per driver turn: a cold session's prompt never holds verdicts up for long

@@ -26,13 +26,14 @@ import torch
 from services.engine.draft_pipeline import DraftTiming, SpeculationState, hidden_seconds, speculation_holds
 from services import protocol
 from services.config import SpeculativeSettings
+from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
-from services.speculative.stats import SpecDecodingStats
+from services.speculative.stats import SpecDecodingStats, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +51,18 @@ class SessionSummary:
     first_token_at: float | None
     resumed_from_round: int
     timing: DraftTiming = field(default_factory=DraftTiming)
+    round_trip_ms: list[float] = field(default_factory=list)  # block sent -> verdict seen, per drafted round
 
     def to_dict(self) -> dict:
-        ordered = sorted(self.transport_ms)
-
-        def pct(q: float) -> float | None:
-            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
-
         return {
             "request_id": self.request_id,
             "finish_reason": self.finish_reason,
             "num_output_tokens": self.num_output_tokens,
             "rounds": self.rounds,
             "resumed_from_round": self.resumed_from_round,
-            "transport_ms_p50": pct(0.5),
-            "transport_ms_p99": pct(0.99),
+            "transport_ms_p50": percentile(self.transport_ms, 0.5),
+            "transport_ms_p99": percentile(self.transport_ms, 0.99),
+            "round_trip_ms_p50": percentile(self.round_trip_ms, 0.5),
             "first_token_at": self.first_token_at,
             **self.timing.as_fields(),
             **{k: v for k, v in self.stats.to_dict().items() if not k.endswith("_per_pos")},
@@ -76,8 +74,8 @@ class InFlight:
     block: DraftBlock
     payload: bytes
     worker: str | None  # the sticky worker it went to; None = the pool
-    sent_at: float  # perf_counter
-    sent_wall: float  # time.time
+    sent_at: float  # perf_counter, taken before the push: the round trip starts there
+    sent_wall: float  # time.time, the same moment
     speculating: SpeculationState | None = None  # block k+1, drafted while this block is verified
 
 
@@ -125,7 +123,9 @@ class DraftSession:
         self._plain_opening = self.round == 0 and opens_plain(speculative, len(spec.prompt_ids),
                                                                bool(getattr(self.drafter, "stepwise", False)))
         self._opening_block: DraftBlock | None = None  # speculated like a block accepted whole
-        self.transport_ms: list[float] = []
+        self.transport_ms: list[float] = []  # per round (services/link/meter.py), for the bench
+        self.round_trip_ms: list[float] = []
+        self.last_trip: RoundTrip | None = None  # the last verdict's, when it had one
         self.first_token_at: float | None = None
         self.timing = DraftTiming()
         self.in_flight: InFlight | None = None
@@ -205,8 +205,11 @@ class DraftSession:
             self._streams[round_index] = self.sampling.make_stream("draft", round_index)
         return self._streams[round_index]
 
-    def sent(self, block: DraftBlock, payload: bytes, worker: str | None) -> None:
-        self.in_flight = InFlight(block, payload, worker, time.perf_counter(), time.time())
+    def sent(self, block: DraftBlock, payload: bytes, worker: str | None, sent_at: float | None = None,
+             sent_wall: float | None = None) -> None:
+        """sent_at (perf_counter) and sent_wall (time.time): when the push began (default: now)."""
+        self.in_flight = InFlight(block, payload, worker, time.perf_counter() if sent_at is None else sent_at,
+                                  time.time() if sent_wall is None else sent_wall)
 
     # --- pipelining -----------------------------------------------------------------------------
     def speculation(self) -> SpeculationState | None:
@@ -230,23 +233,26 @@ class DraftSession:
         return flight.speculating
 
     # --- verdicts -------------------------------------------------------------------------------
-    def on_verdict(self, verdict: Verdict, draft_sessions: int | None = None) -> bool:
+    def on_verdict(self, verdict: Verdict, draft_sessions: int | None = None, seen_at: float | None = None,
+                   held_s: float = 0.0) -> bool:
         """Apply the verdict of the block in flight; True when the request ended. The next block then comes
         from draft_call() and next_block(). draft_sessions: how many sessions this draft worker drives (its
-        batched draft steps serve them all)."""
+        batched draft steps serve them all). seen_at (perf_counter, default now): when the pop that returned
+        the verdict returned; held_s: how long it waited on the driver's other work (services/link/meter.py)."""
         flight = self.in_flight
         assert flight is not None and verdict.round == self.round, "a verdict for another round"
         self.in_flight = None
-        round_trip_s = time.perf_counter() - flight.sent_at
         speculation = flight.speculating.result() if flight.speculating is not None else None
         if speculation is not None:
             self.timing.speculation_s += speculation.elapsed_s
-        if verdict.worker_id and verdict.verify_started_at:
-            # transport = round trip - time in the verify worker - the time the verdict sat unread while
-            # we were still speculating (wall clocks of two hosts: a small skew stays in the figure)
-            unread_s = max(0.0, speculation.finished_at - verdict.verify_finished_at) if speculation else 0.0
-            in_worker_s = verdict.verify_finished_at - max(verdict.verify_started_at, flight.sent_wall)
-            self.transport_ms.append(1000 * max(0.0, round_trip_s - max(0.0, in_worker_s) - unread_s))
+        self.last_trip = None
+        if verdict.worker_id and verdict.verify_started_at:  # resyncs and failures report no verify time
+            round_trip_s = (time.perf_counter() if seen_at is None else seen_at) - flight.sent_at
+            verify_s = verdict.verify_finished_at - verdict.verify_started_at  # both on the verify worker's clock
+            self.last_trip = RoundTrip(1000 * round_trip_s, transport_ms(round_trip_s, verify_s, held_s),
+                                       1000 * verify_s)
+            self.round_trip_ms.append(self.last_trip.round_trip_ms)
+            self.transport_ms.append(self.last_trip.transport_ms)
         self.committed.extend(verdict.committed_ids)
         self.num_output = verdict.num_committed - len(self.spec.prompt_ids)
         if verdict.committed_ids and self.first_token_at is None:
@@ -286,7 +292,7 @@ class DraftSession:
     def summary(self) -> SessionSummary:
         return SessionSummary(self.request_id, self.finish_reason or "length", self.num_output, self.round,
                               self.stats, self.transport_ms, self.first_token_at, self.resumed_from_round,
-                              self.timing)
+                              self.timing, self.round_trip_ms)
 
     def release_block(self) -> DraftBlock:
         """Tells the verify side to free the session's KV cache (cancellation, failure)."""

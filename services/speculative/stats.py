@@ -6,7 +6,15 @@ num_accepted_tokens, num_accepted_tokens_per_pos.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1) of the values, None when there are none: the one every figure
+    (bench, heartbeats, summaries) uses."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
 @dataclass

@@ -59,7 +59,7 @@ def test_every_command_is_still_there():
                 "models", "telemetry", "keys", "models list", "models prepare", "models profile",
                 "models step-profile", "telemetry run", "telemetry inject", "telemetry drill",
                 "keys create", "keys list", "keys revoke", "drill", "drill chaos", "drill burst",
-                "llamacpp", "llamacpp build", "llamacpp check", "llamacpp info"}
+                "llamacpp", "llamacpp build", "llamacpp check", "llamacpp info", "link"}
     assert set(_probe()["commands"]) == expected
 
 

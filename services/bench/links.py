@@ -1,0 +1,129 @@
+"""`mirror-sd bench --draft-link 0,20,50`: the same bench once per link level, side by side.
+
+The stack's draft workers must sit behind a draft link (`mirror-sd up
+--draft-link 0`, or `mirror-sd link` with draft workers pointed at it); the
+bench sets the link to each level in turn through Redis (services/link/
+control.py), runs into `<out>/link-<level>/`, and reads what the draft
+workers measured meanwhile: the transport and round trip of every round of
+that level's sessions, and their Redis RTT. The link goes back to what it
+was at the end. `links.md` and `links.json` hold the levels side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from services.bench.stack_client import new_samples, sample_list
+from services.link.control import read_link, set_link, wait_link
+from services.link.spec import LinkSpec
+from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY
+from services.redis_client import connect, read_heartbeats
+from services.speculative.stats import percentile
+
+logger = logging.getLogger(__name__)
+
+SETTLE_TIMEOUT_S = 15.0
+
+
+@dataclass
+class LinkLevel:
+    link: str  # as written: 20, 20:5
+    headline: dict  # the bench's own figures for the level (tok/s, speedup, ...)
+    rounds: int = 0
+    transport_ms_p50: float | None = None
+    transport_ms_p99: float | None = None
+    round_trip_ms_p50: float | None = None
+    round_trip_ms_p99: float | None = None
+    redis_rtt_ms: float | None = None  # the draft workers' smoothed PING at the level's end, averaged
+    out: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def find_draft_link(redis_url: str) -> LinkSpec:
+    """The running draft link's setting; RuntimeError naming what to do when there is none."""
+    import redis
+
+    try:
+        status = read_link(connect(redis_url), DRAFT_LINK)
+    except redis.RedisError as exc:
+        raise RuntimeError(f"--draft-link: cannot read the stack's Redis at {redis_url} ({exc}); name it with "
+                           "--redis-url") from None
+    if status is None:
+        raise RuntimeError(f"--draft-link: no draft link runs on the stack whose Redis is {redis_url}: start the "
+                           "stack with `mirror-sd up --draft-link 0` (or run `mirror-sd link` and point the draft "
+                           "workers at it), or name its Redis with --redis-url")
+    return LinkSpec(status.rtt_ms, status.jitter_ms)
+
+
+def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path,
+                    run_level: Callable[[Path], dict], progress=print) -> tuple[list[LinkLevel], list[Path]]:
+    """run_level(folder) runs the bench once into folder and returns its headline figures."""
+    client = connect(redis_url)
+    original = find_draft_link(redis_url)
+    rows = []
+    try:
+        for level in levels:
+            set_link(client, DRAFT_LINK, level, set_by="bench")
+            wait_link(client, DRAFT_LINK, level)
+            progress(f"draft link {level.label()} ({level.describe()})")
+            folder = out_dir / f"link-{level.label().replace(':', 'j')}"
+            before = {key: len(sample_list(client, key)) for key in (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY)}
+            headline = run_level(folder)
+            _settle(client, level)
+            transport, round_trip = (new_samples(before[key], sample_list(client, key))
+                                     for key in (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY))
+            rows.append(LinkLevel(link=level.label(), headline=headline, rounds=len(transport),
+                                  transport_ms_p50=percentile(transport, 0.5),
+                                  transport_ms_p99=percentile(transport, 0.99),
+                                  round_trip_ms_p50=percentile(round_trip, 0.5),
+                                  round_trip_ms_p99=percentile(round_trip, 0.99),
+                                  redis_rtt_ms=_draft_rtt_ms(client), out=str(folder)))
+    finally:
+        set_link(client, DRAFT_LINK, original, set_by="bench")  # as it was before the bench
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "links.json").write_text(json.dumps({"levels": [asdict(row) for row in rows]}, indent=1))
+    (out_dir / "links.md").write_text(links_markdown(rows))
+    return rows, [out_dir / "links.json", out_dir / "links.md"]
+
+
+def _settle(client, level: LinkSpec) -> None:
+    """Until the draft workers drive no session (a level's last sessions record their samples when they end,
+    a link's delay after the client got its answer), then two more one-way trips."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    since = time.time()
+    while time.monotonic() < deadline:
+        beats = [beat for beat in read_heartbeats(client) if beat.role == "draft"]
+        if beats and all(beat.sent_at > since and beat.num_sessions == 0 for beat in beats):
+            break
+        time.sleep(0.2)
+    time.sleep((level.rtt_ms + level.jitter_ms) / 1000 + 0.2)
+
+
+def _draft_rtt_ms(client) -> float | None:
+    values = [beat.link.redis_rtt_ms for beat in read_heartbeats(client)
+              if beat.role == "draft" and beat.link is not None and beat.link.redis_rtt_ms is not None]
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def links_markdown(rows: list[LinkLevel]) -> str:
+    keys = list(dict.fromkeys(key for row in rows for key in row.headline))
+
+    def cell(value) -> str:
+        return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["| draft link (RTT[:jitter] ms) | " + " | ".join(keys) + " | draft Redis RTT ms | round trip p50 / p99 "
+             "ms | transport p50 / p99 ms | rounds |", "|" + "---|" * (len(keys) + 5)]
+    for row in rows:
+        lines.append("| " + " | ".join([
+            row.link, *(cell(row.headline.get(key)) for key in keys), cell(row.redis_rtt_ms),
+            f"{cell(row.round_trip_ms_p50)} / {cell(row.round_trip_ms_p99)}",
+            f"{cell(row.transport_ms_p50)} / {cell(row.transport_ms_p99)}", str(row.rounds)]) + " |")
+    lines.append("\nround trip: block sent -> verdict seen, on the draft worker's clock; transport: round trip less "
+                 "the verify worker's own time for the block and the draft driver's time on other work (a lower "
+                 "bound). Each level's own report is in its folder.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,116 @@
+"""What a draft worker measures of its link to Redis, on its own clock, and reports in its heartbeat.
+
+- Redis RTT: a PING from the heartbeat thread each beat, smoothed.
+- Round trip: a block sent (just before the pipeline that pushes it) ->
+  its verdict seen (the pop that returned it returns), both on the draft
+  worker's `perf_counter`.
+- Transport: round trip - verify - held, where verify is the verify
+  worker's own time for the block (taking it -> its verdict, a duration on
+  its clock, so no skew between two hosts' clocks enters) and held is the
+  time the driver spent on other work (drafting, sending) between its last
+  look at the inbox that found nothing and the look that found the
+  verdict (InboxLooks). The verdict may have arrived anywhere in that gap,
+  so the figure is a lower bound; it never counts drafting as transport,
+  and it always holds the look that fetched the verdict (one round trip
+  to Redis at least).
+
+Earlier, transport subtracted the time "the verdict sat unread while
+speculating" as the speculation's end minus the verify worker's wall clock
+at its verdict, but that end was read when the verdict was applied, after
+it was popped: the subtraction took the whole way back with it, and under
+a delayed link the figure read 0.000 ms.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.protocol import LinkFigures
+from services.speculative.stats import percentile
+
+logger = logging.getLogger(__name__)
+
+WINDOW_ROUNDS = 256
+PING_WEIGHT = 0.3  # the newest PING's weight in the smoothed RTT
+
+
+def transport_ms(round_trip_s: float, verify_s: float, held_s: float) -> float:
+    """One round's transport in ms: round trip - the verify worker's time - the driver's time elsewhere."""
+    return 1000.0 * max(0.0, round_trip_s - max(0.0, verify_s) - max(0.0, held_s))
+
+
+def smoothed(previous: float | None, sample: float, weight: float = PING_WEIGHT) -> float:
+    """Exponential smoothing: the first sample as is, then weight x new + (1 - weight) x old."""
+    return sample if previous is None else weight * sample + (1.0 - weight) * previous
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One drafted block's trip, in ms (see the module docstring)."""
+
+    round_trip_ms: float
+    transport_ms: float
+    verify_ms: float
+
+
+@dataclass
+class InboxLooks:
+    """The driver's looks at its inbox (pops, blocking pops, the speculation's length polls), to tell how long
+    a verdict that was found waited on the driver's other work: from the return of the last look that found
+    nothing to the start of the look that found something. perf_counter seconds."""
+
+    last_returned_at: float | None = None
+    held_s: float | None = None  # set by the first look that found something, until taken
+
+    def looked(self, issued_at: float, returned_at: float, found: bool) -> None:
+        if found and self.held_s is None:
+            self.held_s = max(0.0, issued_at - self.last_returned_at) if self.last_returned_at is not None else 0.0
+        self.last_returned_at = returned_at
+
+    def take(self) -> float:
+        """The held time of the verdicts just popped (0 when none was found by a look); starts over."""
+        held, self.held_s = self.held_s or 0.0, None
+        return held
+
+
+@dataclass
+class LinkMeter:
+    """Fed by two threads (the heartbeat's PINGs, the driver's rounds), read by the heartbeat."""
+
+    window: int = WINDOW_ROUNDS
+    redis_rtt_ms: float | None = None
+    rounds: int = 0
+    _trips: deque = field(init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        self._trips = deque(maxlen=self.window)
+
+    def observe_ping(self, rtt_ms: float) -> None:
+        with self._lock:
+            self.redis_rtt_ms = smoothed(self.redis_rtt_ms, rtt_ms)
+
+    def observe_round(self, trip: RoundTrip) -> None:
+        with self._lock:
+            self._trips.append(trip)
+            self.rounds += 1
+
+    def figures(self) -> LinkFigures:
+        with self._lock:
+            trips = list(self._trips)
+            rtt, rounds = self.redis_rtt_ms, self.rounds
+
+        def pct(values: list[float], q: float) -> float | None:
+            value = percentile(values, q)
+            return None if value is None else round(value, 3)
+
+        round_trips = [trip.round_trip_ms for trip in trips]
+        transports = [trip.transport_ms for trip in trips]
+        return LinkFigures(redis_rtt_ms=None if rtt is None else round(rtt, 3),
+                           round_trip_ms_p50=pct(round_trips, 0.5), round_trip_ms_p99=pct(round_trips, 0.99),
+                           transport_ms_p50=pct(transports, 0.5), transport_ms_p99=pct(transports, 0.99),
+                           verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
+                           window=len(trips))
