@@ -5,17 +5,23 @@ session to the driver and wait for it to end; the driver does the hot path
 for all of them at once:
 
 - verdicts of every session arrive on one Redis list, this process's inbox,
-  popped in batches: one round trip however many sessions are running;
+  which a listener thread keeps a blocking pop on (draft_worker/inbox.py):
+  the driver finds them without a round trip, so a round costs it one, the
+  push of its blocks;
 - each verdict is applied; the next blocks of every session answered in this
   turn are drafted together (a model draft steps all of them in one forward
   per draft position) or taken from their speculation, and all go out in one
   pipeline;
 - while blocks are out and no verdict waits, every session's next block is
   speculated (pipelined drafting), again stepped together, yielding to the
-  first verdict that arrives;
-- off the per-round path, every CONTROL_EVERY_S: cancellations, failover
-  (a block whose verify worker stopped heartbeating goes to the pool), and
-  verdict deadlines, each one pipelined round trip for all sessions.
+  first verdict that arrives (a look at the listener's arrivals, no poll);
+- every CONTROL_EVERY_S: cancellations, failover (a block whose verify
+  worker stopped heartbeating goes to the pool), and verdict deadlines; the
+  look at every session's cancel and request keys rides in the pipeline of
+  the turn's blocks (its own round trip only in a turn that sends none).
+
+The driver counts its round trips to Redis (LinkMeter.driver_round_trips) so
+the heartbeat reports them per round: one while blocks flow.
 
 So a process drives hundreds of sessions; prompt lookup costs about nothing
 per block, and a model draft's cost is the only limit.
@@ -31,10 +37,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from services.engine.draft_pipeline import POLL_EVERY_S, SpeculationState, speculate_many, throttled, warm_up
+from services.engine.draft_pipeline import SpeculationState, speculate_many, warm_up
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
-from services.link.meter import InboxLooks, LinkMeter
+from draft_worker.inbox import InboxListener
+from services.link.meter import LinkMeter
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
@@ -45,7 +52,6 @@ logger = logging.getLogger(__name__)
 CONTROL_EVERY_S = 0.2  # cancellations, liveness of verify workers, deadlines
 FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
 IDLE_WAIT_S = 0.5
-INBOX_BATCH = 256
 
 
 class SessionFailed(RuntimeError):
@@ -86,7 +92,7 @@ class SessionDriver(threading.Thread):
         self._controlled = 0.0
         self.num_verdicts = 0
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
-        self._looks = InboxLooks()
+        self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -103,6 +109,7 @@ class SessionDriver(threading.Thread):
     # --- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         logger.info("draft driver %s: verdicts on %s", self.worker_id, self.inbox)
+        self.listener.start()
         backoff = 0.0  # > 0 while Redis is away
         while not self.stopping.is_set():
             try:
@@ -132,22 +139,23 @@ class SessionDriver(threading.Thread):
                     else protocol.verify_pool_queue(handle.session.spec.pool)
                 pipe.rpush(queue, flight.payload)
                 flight.sent_at = time.perf_counter()
-            pipe.execute()
+            self._execute(pipe)
         logger.info("draft driver: Redis is back; re-sent %d blocks in flight", len(waiting))
 
     def turn(self) -> None:
         self._start_new()
-        raws = self._pop_verdicts(wait=not self._due and not self._speculation_pending())
-        seen_at, held_s = time.perf_counter(), self._looks.take() if raws else 0.0
-        for raw in raws:
-            try:
-                self._on_verdict(raw, seen_at, held_s)
+        arrivals = self._take_verdicts(wait=not self._due and not self._speculation_pending())
+        seen_at = time.perf_counter()
+        for raw, arrived_at in arrivals:
+            try:  # held: how long the verdict waited here on the driver's other work
+                self._on_verdict(raw, seen_at, held_s=seen_at - arrived_at)
             except Exception:  # a verdict this side cannot apply: that session fails, the others go on
                 logger.exception("draft driver: could not apply a verdict")
-        self._send(self._next_blocks())
-        if time.monotonic() - self._controlled >= CONTROL_EVERY_S:
+        looked = time.monotonic() - self._controlled >= CONTROL_EVERY_S
+        flags = self._send(self._next_blocks(), look=list(self._handles.values()) if looked else [])
+        if looked:
             self._controlled = time.monotonic()
-            self._control()
+            self._control(flags)
         self._speculate()
 
     def _start_new(self) -> None:
@@ -195,27 +203,15 @@ class SessionDriver(threading.Thread):
             self._finish(handle, error=f"drafting failed: {type(exc).__name__}: {exc}")
             return None
 
-    def _pop_verdicts(self, wait: bool) -> list[bytes]:
-        issued = time.perf_counter()
-        raws = self.client.lpop(self.inbox, INBOX_BATCH)
-        self._looks.looked(issued, time.perf_counter(), bool(raws))
-        if raws or not wait:
-            return list(raws or [])
-        if not self._handles:
-            self._wake.wait(IDLE_WAIT_S)  # nothing running: sleep until a task submits a session
-            self._wake.clear()
-            return []
-        issued = time.perf_counter()
-        item = self.client.blpop([self.inbox], timeout=min(IDLE_WAIT_S, CONTROL_EVERY_S))
-        self._looks.looked(issued, time.perf_counter(), bool(item))
-        return [item[1]] if item else []
-
-    def _verdict_waits(self) -> bool:
-        """The speculation's poll: is anything in the inbox? (a look, for the transport figure)"""
-        issued = time.perf_counter()
-        found = self.client.llen(self.inbox) > 0
-        self._looks.looked(issued, time.perf_counter(), found)
-        return found
+    def _take_verdicts(self, wait: bool) -> list[tuple[bytes, float]]:
+        """What the listener has popped (message, arrival), waiting for some when `wait` and nothing has come:
+        until a verdict arrives or a task submits a session, at most until the next control look."""
+        arrivals = self.listener.take()
+        if arrivals or not wait:
+            return arrivals
+        self._wake.wait(CONTROL_EVERY_S if self._handles else IDLE_WAIT_S)
+        self._wake.clear()  # then take: whatever arrived before the clear is taken now, later ones set it again
+        return self.listener.take()
 
     def _on_verdict(self, raw: bytes, seen_at: float | None = None, held_s: float = 0.0) -> None:
         try:
@@ -249,10 +245,17 @@ class SessionDriver(threading.Thread):
         else:
             self._due[session.request_id] = handle
 
-    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]]) -> None:
-        """RPUSH every block to its session's sticky verify worker (the pool when none is known)."""
+    def _execute(self, pipe) -> list:
+        self.meter.driver_round_trips += 1
+        return pipe.execute()
+
+    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]], look: list[SessionHandle]) -> \
+            tuple[list[SessionHandle], list] | None:
+        """RPUSH every block to its session's sticky verify worker (the pool when none is known), and in the
+        same round trip the control look at `look`'s sessions: (those sessions, their flags), None when no
+        block went (the control look then goes alone)."""
         if not outgoing:
-            return
+            return None
         sent = []
         with self.client.pipeline(transaction=False) as pipe:
             for handle, block in outgoing:
@@ -263,11 +266,19 @@ class SessionDriver(threading.Thread):
                 payload = block.encode()
                 sent.append((handle, block, payload, worker))
                 pipe.rpush(queue, payload)
+            self._queue_look(pipe, look)
             sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
-            pipe.execute()  # raises when Redis is away: the blocks stay due and are sent again
+            replies = self._execute(pipe)  # raises when Redis is away: the blocks stay due and are sent again
         for handle, block, payload, worker in sent:
             handle.session.sent(block, payload, worker, sent_at, sent_wall)
             self._due.pop(handle.session.request_id, None)
+        return look, replies[len(sent):]
+
+    @staticmethod
+    def _queue_look(pipe, handles: list[SessionHandle]) -> None:
+        for handle in handles:
+            pipe.exists(protocol.cancel_key(handle.session.request_id))
+            pipe.exists(protocol.request_key(handle.session.request_id))
 
     def _speculations(self) -> list[SpeculationState]:
         states = (handle.session.speculation() for handle in self._handles.values())
@@ -281,19 +292,24 @@ class SessionDriver(threading.Thread):
         until any verdict arrives."""
         states = warm_up(self._speculations())
         if states:
-            speculate_many(states, throttled(self._verdict_waits, POLL_EVERY_S))
+            speculate_many(states, self.listener.pending)  # a look at what arrived: no round trip, no throttle
 
     # --- control path ---------------------------------------------------------------------------
-    def _control(self) -> None:
-        handles = list(self._handles.values())
-        if not handles:
-            return
-        with self.client.pipeline(transaction=False) as pipe:
-            for handle in handles:
-                pipe.exists(protocol.cancel_key(handle.session.request_id))
-                pipe.exists(protocol.request_key(handle.session.request_id))
-            flags = pipe.execute()
+    def _control(self, looked: tuple[list[SessionHandle], list] | None = None) -> None:
+        """Cancellations and lost requests (from the look `_send` took along, or a look of its own), then
+        failover and deadlines of the blocks out."""
+        if looked is None:
+            handles = list(self._handles.values())
+            if not handles:
+                return
+            with self.client.pipeline(transaction=False) as pipe:
+                self._queue_look(pipe, handles)
+                flags = self._execute(pipe)
+        else:
+            handles, flags = looked
         for handle, cancelled, known in zip(handles, flags[::2], flags[1::2]):
+            if handle.session.request_id not in self._handles:  # finished since the look
+                continue
             if not known:  # Redis lost the request (restarted without its data): nobody waits for it
                 self._finish(handle, error=f"request {handle.session.request_id} was lost by Redis")
             elif cancelled:
@@ -306,7 +322,7 @@ class SessionDriver(threading.Thread):
             with self.client.pipeline(transaction=False) as pipe:
                 for worker in suspects:
                     pipe.exists(protocol.heartbeat_key(worker))
-                alive = dict(zip(suspects, pipe.execute()))
+                alive = dict(zip(suspects, self._execute(pipe)))
             for handle in waiting:
                 flight = handle.session.in_flight
                 if flight.worker in suspects and not alive[flight.worker]:
@@ -324,6 +340,7 @@ class SessionDriver(threading.Thread):
                        extra={"request_id": session.request_id})
         session.sticky_worker = None
         flight.worker = None
+        self.meter.driver_round_trips += 1
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
 
     def _cancel(self, handle: SessionHandle) -> None:

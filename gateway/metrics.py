@@ -155,10 +155,12 @@ class FleetCollector:
         yield states
 
     def _draft_links(self):
-        """Draft workers' link figures (services/link/meter.py), in seconds: Redis RTT, and per round the round
-        trip and the transport (round trip - the verify worker's time - the draft driver's time elsewhere)."""
+        """Draft workers' link figures (services/link/meter.py), in seconds: Redis RTT, the driver's round trips
+        per round, and per round the round trip and the transport (round trip - the verify worker's time - the draft driver's time elsewhere)."""
         rtt = GaugeMetricFamily("mirror_sd:draft_redis_rtt_seconds", "A draft worker's Redis PING, smoothed",
                                 labels=["worker", "pool"])
+        trips = GaugeMetricFamily("mirror_sd:draft_redis_round_trips_per_round", "Round trips to Redis a draft "
+                                  "worker's driver spends per round (1 while blocks flow)", labels=["worker", "pool"])
         families = {figure: GaugeMetricFamily(f"mirror_sd:draft_{figure}_seconds", doc, labels=["worker", "pool",
                                                                                                 "quantile"])
                     for figure, doc in (("round_trip", "Draft block sent -> its verdict seen, on the draft "
@@ -171,10 +173,13 @@ class FleetCollector:
                 continue
             if link.redis_rtt_ms is not None:
                 rtt.add_metric([beat.worker_id, beat.pool], link.redis_rtt_ms / 1000)
+            if link.round_trips_per_round is not None:
+                trips.add_metric([beat.worker_id, beat.pool], link.round_trips_per_round)
             for figure, family in families.items():
                 for suffix, quantile in (("p50", "0.5"), ("p99", "0.99")):
                     value = getattr(link, f"{figure}_ms_{suffix}")
                     if value is not None:
                         family.add_metric([beat.worker_id, beat.pool, quantile], value / 1000)
         yield rtt
+        yield trips
         yield from families.values()

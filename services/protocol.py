@@ -418,6 +418,7 @@ class LinkFigures:
     verify_ms_p50: float | None = None  # the verify worker's own time per block, as it reports it
     rounds: int = 0  # rounds measured since start
     window: int = 0  # rounds the percentiles are over
+    round_trips_per_round: float | None = None  # the draft driver's round trips to Redis per round, since start
 
     def to_wire(self) -> dict:
         return dataclasses.asdict(self)
@@ -430,10 +431,11 @@ class LinkFigures:
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value:.1f}"
 
+        trips = "-" if self.round_trips_per_round is None else f"{self.round_trips_per_round:.2f}"
         return (f"Redis RTT {ms(self.redis_rtt_ms)} ms; round trip p50/p99 {ms(self.round_trip_ms_p50)}/"
                 f"{ms(self.round_trip_ms_p99)} ms; transport p50/p99 {ms(self.transport_ms_p50)}/"
                 f"{ms(self.transport_ms_p99)} ms; verify p50 {ms(self.verify_ms_p50)} ms (last {self.window} "
-                f"of {self.rounds} rounds)")
+                f"of {self.rounds} rounds); {trips} Redis round trips per round")
 
 
 @dataclass

@@ -2,17 +2,16 @@
 
 - Redis RTT: a PING from the heartbeat thread each beat, smoothed.
 - Round trip: a block sent (just before the pipeline that pushes it) ->
-  its verdict seen (the pop that returned it returns), both on the draft
-  worker's `perf_counter`.
+  its verdict taken by the driver, both on the draft worker's
+  `perf_counter`.
 - Transport: round trip - verify - held, where verify is the verify
   worker's own time for the block (taking it -> its verdict, a duration on
   its clock, so no skew between two hosts' clocks enters) and held is the
-  time the driver spent on other work (drafting, sending) between its last
-  look at the inbox that found nothing and the look that found the
-  verdict (InboxLooks). The verdict may have arrived anywhere in that gap,
-  so the figure is a lower bound; it never counts drafting as transport,
-  and it always holds the look that fetched the verdict (one round trip
-  to Redis at least).
+  time the verdict waited in the process for the driver (from its arrival,
+  stamped by the inbox listener's blocking pop: draft_worker/inbox.py, to
+  the driver's turn that took it). So transport is the two ways over the
+  link plus the queueing in Redis and in the verify worker before it took
+  the block.
 
 Earlier, transport subtracted the time "the verdict sat unread while
 speculating" as the speculation's end minus the verify worker's wall clock
@@ -57,32 +56,13 @@ class RoundTrip:
 
 
 @dataclass
-class InboxLooks:
-    """The driver's looks at its inbox (pops, blocking pops, the speculation's length polls), to tell how long
-    a verdict that was found waited on the driver's other work: from the return of the last look that found
-    nothing to the start of the look that found something. perf_counter seconds."""
-
-    last_returned_at: float | None = None
-    held_s: float | None = None  # set by the first look that found something, until taken
-
-    def looked(self, issued_at: float, returned_at: float, found: bool) -> None:
-        if found and self.held_s is None:
-            self.held_s = max(0.0, issued_at - self.last_returned_at) if self.last_returned_at is not None else 0.0
-        self.last_returned_at = returned_at
-
-    def take(self) -> float:
-        """The held time of the verdicts just popped (0 when none was found by a look); starts over."""
-        held, self.held_s = self.held_s or 0.0, None
-        return held
-
-
-@dataclass
 class LinkMeter:
     """Fed by two threads (the heartbeat's PINGs, the driver's rounds), read by the heartbeat."""
 
     window: int = WINDOW_ROUNDS
     redis_rtt_ms: float | None = None
     rounds: int = 0
+    driver_round_trips: int = 0  # the draft driver's, counted by it (one thread writes, the heartbeat reads)
     _trips: deque = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -113,4 +93,5 @@ class LinkMeter:
                            round_trip_ms_p50=pct(round_trips, 0.5), round_trip_ms_p99=pct(round_trips, 0.99),
                            transport_ms_p50=pct(transports, 0.5), transport_ms_p99=pct(transports, 0.99),
                            verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
-                           window=len(trips))
+                           window=len(trips),
+                           round_trips_per_round=round(self.driver_round_trips / rounds, 3) if rounds else None)

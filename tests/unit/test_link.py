@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from services.engine.draft_session import InFlight
-from services.link.meter import InboxLooks, LinkMeter, RoundTrip, smoothed, transport_ms
+from services.link.meter import LinkMeter, RoundTrip, smoothed, transport_ms
 from services.link.spec import LinkSpec, behind_link, parse_link, parse_link_levels, redis_address
 from services.protocol import PROTOCOL_VERSION, DraftBlock, Heartbeat, LinkFigures, LinkSetting, LinkStatus
 
@@ -63,21 +63,6 @@ def test_transport_is_the_round_trip_less_the_verify_time_and_the_drivers_other_
     assert transport_ms(0.100, 0.060, 0.0) == pytest.approx(40.0)
     assert transport_ms(0.050, 0.060, 0.0) == 0.0  # never negative
     assert transport_ms(0.050, -1.0, -1.0) == pytest.approx(50.0)  # a bad report subtracts nothing
-
-
-def test_inbox_looks_hold_the_gap_before_the_look_that_found_the_verdict():
-    looks = InboxLooks()
-    looks.looked(issued_at=10.0, returned_at=10.020, found=False)  # a poll through a 20 ms link: empty
-    looks.looked(issued_at=10.031, returned_at=10.051, found=True)  # after an 11 ms draft step: found
-    looks.looked(issued_at=10.052, returned_at=10.072, found=True)  # the pop that takes it
-    assert looks.take() == pytest.approx(0.011)
-    assert looks.take() == 0.0  # taken: starts over
-    looks.looked(issued_at=10.073, returned_at=10.2, found=True)  # a blocking pop right after: no gap
-    assert looks.take() == pytest.approx(0.001)
-    assert InboxLooks().take() == 0.0
-    first = InboxLooks()
-    first.looked(1.0, 1.1, found=True)  # the first look ever: nothing known before it
-    assert first.take() == 0.0
 
 
 def test_rtt_is_smoothed_and_the_meter_reports_its_window():
