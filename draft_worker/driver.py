@@ -16,9 +16,10 @@ for all of them at once:
   speculated (pipelined drafting), again stepped together, yielding to the
   first verdict that arrives (a look at the listener's arrivals, no poll);
 - every CONTROL_EVERY_S: cancellations, failover (a block whose verify
-  worker stopped heartbeating goes to the pool), and verdict deadlines; the
+  worker stopped heartbeating goes to the pool), and verdict deadlines. The
   look at every session's cancel and request keys rides in the pipeline of
-  the turn's blocks (its own round trip only in a turn that sends none).
+  a turn's blocks; it takes a round trip of its own only when no block has
+  gone for LOOK_ALONE_AFTER_S (slow rounds, a stalled verify pool).
 
 The driver counts its round trips to Redis (LinkMeter.driver_round_trips) so
 the heartbeat reports them per round: one while blocks flow.
@@ -50,6 +51,7 @@ from services.redis_client import RoundCommitter
 logger = logging.getLogger(__name__)
 
 CONTROL_EVERY_S = 0.2  # cancellations, liveness of verify workers, deadlines
+LOOK_ALONE_AFTER_S = 1.0  # the cancellation look goes alone when no block has carried it this long
 FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
 IDLE_WAIT_S = 0.5
 
@@ -90,6 +92,7 @@ class SessionDriver(threading.Thread):
         self._wake = threading.Event()
         self.stopping = threading.Event()
         self._controlled = 0.0
+        self._looked = 0.0
         self.num_verdicts = 0
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
@@ -151,11 +154,17 @@ class SessionDriver(threading.Thread):
                 self._on_verdict(raw, seen_at, held_s=seen_at - arrived_at)
             except Exception:  # a verdict this side cannot apply: that session fails, the others go on
                 logger.exception("draft driver: could not apply a verdict")
-        looked = time.monotonic() - self._controlled >= CONTROL_EVERY_S
-        flags = self._send(self._next_blocks(), look=list(self._handles.values()) if looked else [])
-        if looked:
-            self._controlled = time.monotonic()
-            self._control(flags)
+        now = time.monotonic()
+        look_due = now - self._looked >= CONTROL_EVERY_S
+        looked = self._send(self._next_blocks(), look=list(self._handles.values()) if look_due else [])
+        if looked is None and now - self._looked >= LOOK_ALONE_AFTER_S:
+            looked = self._look_alone()
+        if looked is not None:
+            self._looked = now
+            self._apply_look(*looked)
+        if now - self._controlled >= CONTROL_EVERY_S:
+            self._controlled = now
+            self._watch_flights()
         self._speculate()
 
     def _start_new(self) -> None:
@@ -295,18 +304,16 @@ class SessionDriver(threading.Thread):
             speculate_many(states, self.listener.pending)  # a look at what arrived: no round trip, no throttle
 
     # --- control path ---------------------------------------------------------------------------
-    def _control(self, looked: tuple[list[SessionHandle], list] | None = None) -> None:
-        """Cancellations and lost requests (from the look `_send` took along, or a look of its own), then
-        failover and deadlines of the blocks out."""
-        if looked is None:
-            handles = list(self._handles.values())
-            if not handles:
-                return
-            with self.client.pipeline(transaction=False) as pipe:
-                self._queue_look(pipe, handles)
-                flags = self._execute(pipe)
-        else:
-            handles, flags = looked
+    def _look_alone(self) -> tuple[list[SessionHandle], list] | None:
+        handles = list(self._handles.values())
+        if not handles:
+            return None
+        with self.client.pipeline(transaction=False) as pipe:
+            self._queue_look(pipe, handles)
+            return handles, self._execute(pipe)
+
+    def _apply_look(self, handles: list[SessionHandle], flags: list) -> None:
+        """Cancellations and lost requests, from a look at every session's cancel and request keys."""
         for handle, cancelled, known in zip(handles, flags[::2], flags[1::2]):
             if handle.session.request_id not in self._handles:  # finished since the look
                 continue
@@ -314,6 +321,9 @@ class SessionDriver(threading.Thread):
                 self._finish(handle, error=f"request {handle.session.request_id} was lost by Redis")
             elif cancelled:
                 self._cancel(handle)
+
+    def _watch_flights(self) -> None:
+        """Failover (a block out long, its verify worker's heartbeat gone) and deadlines of the blocks out."""
         now = time.perf_counter()
         waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
         suspects = {h.session.in_flight.worker for h in waiting

