@@ -86,11 +86,11 @@ def test_the_driver_keeps_due_sessions_through_a_redis_error(client):
         send = driver._send
         failures = []
 
-        def flaky_send(outgoing):
+        def flaky_send(outgoing, look):
             if outgoing and not failures:
                 failures.append(len(outgoing))
                 raise redis.ConnectionError("Redis went away for a moment")
-            return send(outgoing)
+            return send(outgoing, look)
 
         driver._send = flaky_send
         spec = SessionSpec(request_id="flaky", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
