@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import redis
 
 from services.protocol import HEARTBEAT_PATTERN, Heartbeat
@@ -116,3 +117,12 @@ class Stack:
     def stop(self) -> None:
         stop_children(self.processes)
         self.redis.flushdb()
+
+
+def assert_up_stops_cleanly(up: subprocess.Popen) -> None:
+    """SIGINT to a `mirror-sd up`: it exits 0 and leaves none of its children behind."""
+    children = psutil.Process(up.pid).children(recursive=True)
+    up.send_signal(signal.SIGINT)
+    assert up.wait(timeout=90) == 0
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [child.cmdline() for child in alive]

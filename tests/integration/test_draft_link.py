@@ -22,7 +22,7 @@ from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY, Heartbeat
 from services.redis_client import read_heartbeats
 from services.stack import free_port
-from tests.integration.stack import TEST_REDIS
+from tests.integration.stack import TEST_REDIS, assert_up_stops_cleanly
 
 REDIS_DB = 1
 REDIS_URL = f"{TEST_REDIS}/{REDIS_DB}"
@@ -159,11 +159,7 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         assert "| draft link (RTT[:jitter] ms) |" in bench.stdout
         wait_link(clean_redis, DRAFT_LINK, LinkSpec(20))  # the bench put the link back as it was
 
-        children = psutil.Process(up.pid).children(recursive=True)
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=90) == 0
-        _gone, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, [child.cmdline() for child in alive]
+        assert_up_stops_cleanly(up)
     finally:
         if up.poll() is None:
             up.kill()

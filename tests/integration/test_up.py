@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from services.stack import free_port
+from tests.integration.stack import assert_up_stops_cleanly
 
 pytestmark = pytest.mark.slow
 
@@ -72,11 +72,7 @@ def test_up_serves_the_readme_request_and_stops_cleanly(tmp_path):
         killed = {"draft-worker" if kill["role"] == "draft" else "verify-worker" for kill in report["kills"]}
         assert all(restarts.get(name, 0) >= 1 for name in killed | {"redis"}), restarts
 
-        children = psutil.Process(up.pid).children(recursive=True)
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=90) == 0
-        gone, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive, [child.cmdline() for child in alive]
+        assert_up_stops_cleanly(up)
     finally:
         if up.poll() is None:
             up.kill()
