@@ -15,6 +15,11 @@ for all of them at once:
 - while blocks are out and no verdict waits, every session's next block is
   speculated (pipelined drafting), again stepped together, yielding to the
   first verdict that arrives (a look at the listener's arrivals, no poll);
+- a speculated block goes out at once, chained to the block before it, while
+  the session has fewer than `blocks_ahead` blocks out (from the measured
+  Redis RTT and verify time by default): its verify worker goes on with it as
+  soon as the one before is accepted whole, and the link's trip is off the
+  round (services/speculative/chaining.py);
 - every CONTROL_EVERY_S: cancellations, failover (a block whose verify
   worker stopped heartbeating goes to the pool), and verdict deadlines. The
   look at every session's cancel and request keys rides in the pipeline of
@@ -42,11 +47,12 @@ from services.engine.draft_pipeline import SpeculationState, speculate_many, war
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
 from draft_worker.inbox import InboxListener
-from services.link.meter import LinkMeter
+from services.link.meter import LinkMeter, smoothed
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
 from services.redis_client import RoundCommitter
+from services.speculative.chaining import blocks_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +82,15 @@ class SessionHandle:
 
 
 class SessionDriver(threading.Thread):
-    def __init__(self, *, client: redis.Redis, worker_id: str, verdict_timeout_s: float) -> None:
+    def __init__(self, *, client: redis.Redis, worker_id: str, verdict_timeout_s: float,
+                 blocks_ahead: int = 0) -> None:
         super().__init__(daemon=True, name="draft-driver")
         self.client = client
         self.worker_id = worker_id
         self.inbox = protocol.draft_inbox(worker_id)
         self.verdict_timeout_s = verdict_timeout_s
+        self.blocks_ahead_setting = blocks_ahead  # WorkerSettings.blocks_ahead: 0 = from the link
+        self._verify_ms: float | None = None  # smoothed verify time of the rounds (for the depth)
         self.committer = RoundCommitter(client)
         self._handles: dict[str, SessionHandle] = {}
         self._incoming: list[SessionHandle] = []
@@ -137,6 +146,7 @@ class SessionDriver(threading.Thread):
             return
         with self.client.pipeline(transaction=False) as pipe:
             for handle in waiting:
+                handle.session.drop_ahead()
                 flight = handle.session.in_flight
                 queue = protocol.verify_worker_queue(flight.worker) if flight.worker \
                     else protocol.verify_pool_queue(handle.session.spec.pool)
@@ -147,7 +157,8 @@ class SessionDriver(threading.Thread):
 
     def turn(self) -> None:
         self._start_new()
-        arrivals = self._take_verdicts(wait=not self._due and not self._speculation_pending())
+        arrivals = self._take_verdicts(wait=not self._due and not self._speculation_pending()
+                                       and not self._chain_ready())
         seen_at = time.perf_counter()
         for raw, arrived_at in arrivals:
             try:  # held: how long the verdict waited here on the driver's other work
@@ -174,13 +185,36 @@ class SessionDriver(threading.Thread):
             self._handles[handle.session.request_id] = handle
             self._due[handle.session.request_id] = handle
 
+    @property
+    def blocks_ahead(self) -> int:
+        """Blocks each session may keep out (services/speculative/chaining.py)."""
+        return blocks_ahead(self.blocks_ahead_setting, self.meter.redis_rtt_ms, self._verify_ms)
+
+    def _chained_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
+        """Speculated blocks ready to go ahead of their parents' verdicts."""
+        depth = self.blocks_ahead
+        blocks = []
+        for handle in self._handles.values():
+            if handle.session.in_flight is not None:
+                handle.session.blocks_ahead = depth
+                block = handle.session.chained_block()
+                if block is not None:
+                    blocks.append((handle, block))
+        return blocks
+
+    def _chain_ready(self) -> bool:
+        depth = self.blocks_ahead
+        return depth > 1 and any(h.session.in_flight is not None and h.session.ahead_ready(depth)
+                                 for h in self._handles.values())
+
     def _next_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
         """Every due session's next block, the drafting of all of them in one batched call (a model draft
-        steps them together: services/models/drafters/batched.py). A session whose drafting fails ends
-        with an error; the others are drafted again one by one."""
+        steps them together: services/models/drafters/batched.py), and the blocks that go ahead of their
+        parents' verdicts. A session whose drafting fails ends with an error; the others are drafted again
+        one by one."""
         due = [handle for handle in self._due.values() if handle.session.in_flight is None]
         if not due:
-            return []
+            return self._chained_blocks()
         calls = [(handle, handle.session.draft_call()) for handle in due]
         wanted = [(handle, call) for handle, call in calls if call is not None]
         proposals: dict[int, tuple[DraftProposal, float]] = {}
@@ -201,7 +235,7 @@ class SessionDriver(threading.Thread):
             if handle.session.request_id not in self._handles:  # its drafting failed: already finished
                 continue
             blocks.append((handle, handle.session.next_block(*proposals.get(id(handle), (None, 0.0)))))
-        return blocks
+        return blocks + self._chained_blocks()
 
     def _draft_alone(self, handle: SessionHandle, call) -> DraftProposal | None:
         try:
@@ -236,7 +270,8 @@ class SessionDriver(threading.Thread):
             return
         verdict = message
         self.num_verdicts += 1
-        if session is None or session.in_flight is None or verdict.round != session.round:
+        if session is None or session.in_flight is None or verdict.round != session.round or (
+                verdict.block_id and verdict.block_id != session.in_flight.block.block_id):
             logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round,
                          extra={"request_id": verdict.request_id})
             return
@@ -246,12 +281,14 @@ class SessionDriver(threading.Thread):
         except Exception as exc:
             self._finish(handle, error=f"could not apply the verdict of round {verdict.round}: {exc}")
             raise
+        if session.last_trip is not None or session.last_chained:
+            self.meter.observe_round(session.last_trip, chained=session.last_chained)
         if session.last_trip is not None:
-            self.meter.observe_round(session.last_trip)
+            self._verify_ms = smoothed(self._verify_ms, session.last_trip.verify_ms)
         handle.snapshot = session.progress()
         if finished:
             self._finish(handle)
-        else:
+        elif session.in_flight is None:  # else the verify worker is on the block sent after this one
             self._due[session.request_id] = handle
 
     def _execute(self, pipe) -> list:
@@ -269,7 +306,8 @@ class SessionDriver(threading.Thread):
         with self.client.pipeline(transaction=False) as pipe:
             for handle, block in outgoing:
                 session = handle.session
-                worker = session.sticky_worker
+                # a chained block goes where its parent is; the others to the sticky worker
+                worker = session.in_flight.worker if block.parent_id else session.sticky_worker
                 queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
                     session.spec.pool)
                 payload = block.encode()
@@ -350,6 +388,7 @@ class SessionDriver(threading.Thread):
                        extra={"request_id": session.request_id})
         session.sticky_worker = None
         flight.worker = None
+        session.drop_ahead()
         self.meter.driver_round_trips += 1
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
 
@@ -379,6 +418,7 @@ class SessionDriver(threading.Thread):
         self._handles.pop(session.request_id, None)
         self._due.pop(session.request_id, None)
         session.in_flight = None
+        session.ahead = []
         session.release()
         handle.error = error
         handle.summary = session.summary()

@@ -21,6 +21,7 @@ from functools import lru_cache
 import redis
 
 from draft_worker.driver import SessionDriver, SessionFailed
+from draft_worker.inbox import BLOCK_S
 from services.engine.draft_session import DraftSession
 from services import protocol
 from services.config import Settings, get_settings
@@ -57,7 +58,8 @@ class DraftRuntime:
 
     def __post_init__(self) -> None:
         self.driver = SessionDriver(client=self.client, worker_id=self.worker_id,
-                                    verdict_timeout_s=self.settings.worker.verdict_timeout_s)
+                                    verdict_timeout_s=self.settings.worker.verdict_timeout_s,
+                                    blocks_ahead=self.settings.worker.blocks_ahead)
         self.driver.start()
 
     @property
@@ -69,6 +71,7 @@ class DraftRuntime:
         """Stop the driver thread (sessions still running are abandoned; tests and shutdown)."""
         self.driver.stopping.set()
         self.driver.join(timeout=5)
+        self.driver.listener.join(timeout=BLOCK_S + 5)  # its blocking pop returns within BLOCK_S (plus the link)
 
     def cost_model(self, pool: str) -> CostModel | None:
         """For block_policy "cost": the pool's step-cost grid (its verify workers' start-up profiles,
@@ -228,7 +231,7 @@ class DraftHeartbeat(threading.Thread):
                                           model=runtime.draft_source.spec, profile=runtime.profile,
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
                                           host=socket.gethostname(), draft_fallback=runtime.fallback,
-                                          link=meter.figures())
+                                          link=meter.figures(runtime.driver.blocks_ahead))
                 runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
                                    px=int(settings.worker.heartbeat_ttl_s * 1000))
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again

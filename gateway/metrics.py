@@ -161,6 +161,9 @@ class FleetCollector:
                                 labels=["worker", "pool"])
         trips = GaugeMetricFamily("mirror_sd:draft_redis_round_trips_per_round", "Round trips to Redis a draft "
                                   "worker's driver spends per round (1 while blocks flow)", labels=["worker", "pool"])
+        ahead = GaugeMetricFamily("mirror_sd:draft_verified_ahead_ratio", "Share of a draft worker's rounds whose "
+                                  "block its verify worker took before the verdict of the block before it reached "
+                                  "the draft (blocks verified ahead), since start", labels=["worker", "pool"])
         families = {figure: GaugeMetricFamily(f"mirror_sd:draft_{figure}_seconds", doc, labels=["worker", "pool",
                                                                                                 "quantile"])
                     for figure, doc in (("round_trip", "Draft block sent -> its verdict seen, on the draft "
@@ -175,6 +178,8 @@ class FleetCollector:
                 rtt.add_metric([beat.worker_id, beat.pool], link.redis_rtt_ms / 1000)
             if link.round_trips_per_round is not None:
                 trips.add_metric([beat.worker_id, beat.pool], link.round_trips_per_round)
+            if link.verified_ahead is not None:
+                ahead.add_metric([beat.worker_id, beat.pool], link.verified_ahead)
             for figure, family in families.items():
                 for suffix, quantile in (("p50", "0.5"), ("p99", "0.99")):
                     value = getattr(link, f"{figure}_ms_{suffix}")
@@ -182,4 +187,5 @@ class FleetCollector:
                         family.add_metric([beat.worker_id, beat.pool, quantile], value / 1000)
         yield rtt
         yield trips
+        yield ahead
         yield from families.values()

@@ -108,6 +108,11 @@ class WorkerSettings(BaseModel):
     draft_concurrency: int = Field(128, ge=1, description="sessions one draft worker process drives at once (Celery "
                                    "task threads that only wait: one driver thread does the hot path for all)")
     pipelined_drafting: bool = Field(True, description="draft block k+1 while block k is verified")
+    blocks_ahead: int = Field(0, ge=0, le=16, description="remote drafts: blocks a draft worker keeps at the "
+                              "session's verify worker ahead of their verdicts, each drafted assuming the one "
+                              "before is accepted whole (the verify worker goes on with it at once when it is, "
+                              "without a trip over the link); 1 = one at a time; 0 = from the measured Redis "
+                              "RTT and verify time (2 at least; needs pipelined_drafting)")
     profile_cache: bool = Field(True, description="workers keep their measured profiles (the verify step-cost "
                                 "grid, the draft's cost per token) in cache_dir/profiles and reuse them while "
                                 "model, device and threads stay the same")

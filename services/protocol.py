@@ -298,6 +298,11 @@ class DraftBlock(Message):
     # from its committed output (draft_ids empty).
     draft_here: bool = False
     sent_at: float = field(default_factory=time.time)
+    # Blocks verified ahead (services/speculative/chaining.py): the sender's number for this block (0: none),
+    # and for a chained block the block it extends (assumed accepted whole) and the bonus token it assumes.
+    block_id: int = 0
+    parent_id: int = 0
+    assumed_bonus: int = -1
 
 
 @dataclass
@@ -319,6 +324,7 @@ class Verdict(Message):
     batch_rows: int = 1  # rows in the step that verified the drafted round: the load the next block meets
     stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # the request's, after the block
     block_sent_at: float = 0.0
+    block_id: int = 0  # the block's (DraftBlock.block_id)
     verify_started_at: float = 0.0
     verify_finished_at: float = field(default_factory=time.time)
 
@@ -419,6 +425,10 @@ class LinkFigures:
     rounds: int = 0  # rounds measured since start
     window: int = 0  # rounds the percentiles are over
     round_trips_per_round: float | None = None  # the draft driver's round trips to Redis per round, since start
+    # blocks verified ahead (services/speculative/chaining.py): how many a session may keep out now, and the
+    # share of rounds since start whose block was verified before the verdict of the one before reached the draft
+    blocks_ahead: int | None = None
+    verified_ahead: float | None = None
 
     def to_wire(self) -> dict:
         return dataclasses.asdict(self)
@@ -435,7 +445,9 @@ class LinkFigures:
         return (f"Redis RTT {ms(self.redis_rtt_ms)} ms; round trip p50/p99 {ms(self.round_trip_ms_p50)}/"
                 f"{ms(self.round_trip_ms_p99)} ms; transport p50/p99 {ms(self.transport_ms_p50)}/"
                 f"{ms(self.transport_ms_p99)} ms; verify p50 {ms(self.verify_ms_p50)} ms (last {self.window} "
-                f"of {self.rounds} rounds); {trips} Redis round trips per round")
+                f"of {self.rounds} rounds); {trips} Redis round trips per round"
+                + (f"; {self.blocks_ahead} blocks ahead, {self.verified_ahead:.0%} of rounds verified ahead"
+                   if self.blocks_ahead is not None and self.verified_ahead is not None else ""))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
+from services.speculative.chaining import chain_holds
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
@@ -42,6 +43,11 @@ class VerifySession:
     last_used: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from another sequence when the request started
     local: DraftSession | None = None  # placement local: its draft half, drafted by this worker between steps
+    # Blocks verified ahead (services/speculative/chaining.py): chained blocks that came while their parent was
+    # in hand, and the verdict of the last block done here (a chained block arriving after it is checked on it)
+    parked: list[DraftBlock] = field(default_factory=list)
+    last_block: DraftBlock | None = None
+    last_verdict: Verdict | None = None
 
     @property
     def request_id(self) -> str:
@@ -80,6 +86,32 @@ class VerifySession:
 
     def block_done(self) -> bool:
         return self.target.finished or self.round >= self.block_end_round
+
+    def expects(self, block: DraftBlock) -> bool:
+        """A chained block whose parent is in hand or parked here: it waits for its parent's verdict."""
+        if not self.has_work:
+            return False
+        return block.parent_id in (self.block.block_id, *(parked.block_id for parked in self.parked))
+
+    def next_in_chain(self) -> DraftBlock | None:
+        """After a block's verdict (last_block, last_verdict): its parked child when the child's assumption
+        held (the rest of the chain stays parked behind it), else None and the whole chain is dropped (its
+        sender sees the same verdict and drafts again from it)."""
+        parked, self.parked = self.parked, []
+        parent, verdict = self.last_block, self.last_verdict
+        if parent is None or verdict is None or self.target.finished:
+            return None
+        child = next((block for block in parked if block.parent_id == parent.block_id), None)
+        if child is None or not chain_holds(verdict, parent, child):
+            return None
+        self.parked = [block for block in parked if block is not child]
+        return child
+
+    def answered(self, verdict: Verdict) -> None:
+        """The block in hand is done and `verdict` says what it committed."""
+        self.last_block, self.last_verdict = self.block, verdict
+        self.block = None
+        self.last_verdict_at = time.monotonic()
 
 
 Reuse = Callable[[TargetSession, str | None], int]  # a new session's KV from a common prefix of the same salt
@@ -141,7 +173,7 @@ def resync_verdict(block: DraftBlock, events: list[OutputEvent]) -> Verdict:
         request_id=block.request_id, round=block.round, num_committed=block.num_committed + len(committed),
         num_draft_tokens=num_draft_tokens, num_accepted=num_accepted, committed_ids=committed,
         finished=bool(last and last.finished), finish_reason=last.finish_reason if last else None,
-        worker_id="", num_rounds=len(done), stats=stats, block_sent_at=block.sent_at,
+        worker_id="", num_rounds=len(done), stats=stats, block_sent_at=block.sent_at, block_id=block.block_id,
     )
 
 

@@ -71,6 +71,7 @@ def block_verdict(session: VerifySession, worker_id: str) -> Verdict:
         batch_rows=session.batch_rows,
         stats=target.stats,
         block_sent_at=block.sent_at,
+        block_id=block.block_id,
         verify_started_at=session.block_started_at,
         verify_finished_at=time.time(),
     )

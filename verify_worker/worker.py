@@ -17,6 +17,12 @@ worker then runs on its own (plain decoding needs no round trip per token).
 A block for rounds that are already committed (a draft task redelivered,
 a resend after a failover) is answered with a resync verdict from the
 stream, so its sender moves on instead of waiting.
+
+A chained block (sent ahead of its parent's verdict, services/speculative/
+chaining.py) waits parked behind its parent; right after the parent's
+verdict the worker goes on with it when the parent was accepted whole with
+the bonus the block assumed, or drops it (the sender does the same on that
+verdict).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
 from services.redis_client import REQUEST_TTL_S, RoundCommitter
+from services.speculative.chaining import chain_holds
 from telemetry.probes import apply_override, read_device
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting
@@ -190,11 +197,14 @@ class VerifyWorker:
                 for block in taken:
                     pipe.rpush(block.reply_to, BlockTaken(block.request_id, block.round, self.worker_id).encode())
                 pipe.execute()
-        rebuild = []
+        rebuild, chained = [], []
         for block in blocks:
             self.num_blocks += 1
             if block.release:
                 self.sessions.pop(block.request_id, retire=True)
+                continue
+            if block.parent_id:  # placed once the blocks before it are (its parent may start the session)
+                chained.append(block)
                 continue
             session = self.sessions.get(block.request_id)
             if session is None:
@@ -204,16 +214,48 @@ class VerifyWorker:
                              extra={"request_id": block.request_id})
             elif not session.has_work and session.round == block.round \
                     and session.target.num_committed == block.num_committed:
-                try:
-                    session.take(block)
-                except (ProtocolError, AssertionError) as exc:  # its draft probs do not match its tokens
-                    self._fail([(block.request_id, block)], f"bad block: {exc}")
-                    continue
-                self.sessions.touch(session)
+                self._take(session, block)
             else:  # stale (answered from the stream), or ahead of what this worker holds (rebuilt)
                 rebuild.append(block)
         if rebuild:
             self._rebuild(rebuild)
+        for block in chained:
+            self._place_chained(block)
+
+    def _take(self, session: VerifySession, block: DraftBlock) -> None:
+        try:
+            session.take(block)
+        except (ProtocolError, AssertionError) as exc:  # its draft probs do not match its tokens
+            self._fail([(block.request_id, block)], f"bad block: {exc}")
+            return
+        self.sessions.touch(session)
+
+    def _place_chained(self, block: DraftBlock) -> None:
+        """A block sent ahead of its parent's verdict (services/speculative/chaining.py): parked while its
+        parent is in hand, taken when its parent is done here and the assumption held, dropped when it did not
+        (its sender drops it too, on the same verdict). A parent this worker never had (a failover, an
+        eviction): checked against the stream like any block."""
+        session = self.sessions.get(block.request_id)
+        if session is not None and session.expects(block):
+            session.parked.append(block)
+        elif session is not None and session.last_block is not None \
+                and session.last_block.block_id == block.parent_id:
+            if not session.has_work and chain_holds(session.last_verdict, session.last_block, block):
+                self._take(session, block)
+            else:
+                logger.debug("request %s round %d: chained block dropped (its parent's verdict broke the chain)",
+                             block.request_id, block.round, extra={"request_id": block.request_id})
+        else:
+            self._rebuild([block])
+
+    def _continue_chains(self, sessions: list[VerifySession]) -> None:
+        """Sessions whose block just got its verdict go on with their parked chained block, if it holds: no
+        trip to the draft worker and back between the two."""
+        for session in sessions:
+            if session.block is None and session.parked and session.request_id in self.sessions:
+                child = session.next_in_chain()
+                if child is not None:
+                    self._take(session, child)
 
     def _rebuild(self, blocks: list[DraftBlock]) -> None:
         """Blocks whose session is not here in the right state: read spec and stream (one round trip) and
@@ -304,6 +346,7 @@ class VerifyWorker:
             return 0
         items = self._outcomes(sessions, results, rows=len(sessions))
         self._publish(items)
+        self._continue_chains(sessions)
         step_s = time.perf_counter() - started
         # what the turn measures for co-located drafting: tokens committed, unless a prompt was being
         # prefilled in it (that cost falls on drafting and plain turns alike, at random)
@@ -359,8 +402,7 @@ class VerifyWorker:
             if verdict is not None:
                 if session.local is not None:  # drafted here: the verdict stays in this process
                     self.local.on_verdict(session, verdict, drafting=drafting)
-                session.block = None
-                session.last_verdict_at = time.monotonic()
+                session.answered(verdict)
         return items
 
     # --- commits --------------------------------------------------------------------------------

@@ -189,6 +189,8 @@ class DraftTiming:
     hidden_s: float = 0.0  # speculation that was used and overlapped verification
     speculations: int = 0
     speculation_hits: int = 0
+    chained_rounds: int = 0  # rounds whose block was verified ahead of its parent's verdict reaching the draft
+    chains_broken: int = 0  # verdicts that dropped the blocks sent after theirs
 
     def as_fields(self) -> dict[str, float]:
         return {
@@ -197,4 +199,6 @@ class DraftTiming:
             "hidden_s": self.hidden_s,
             "speculations": float(self.speculations),
             "speculation_hits": float(self.speculation_hits),
+            "chained_rounds": float(self.chained_rounds),
+            "chains_broken": float(self.chains_broken),
         }

@@ -13,6 +13,11 @@ verdict says how many rows shared the step, and the step-cost grid of the
 pool says what a longer block adds there. When drafting does not pay, the
 block carries target-only rounds that the verify worker runs on its own.
 Round r's randomness is the stream ("draft", r), wherever it is drafted.
+
+Blocks ahead: a speculated block may go out before the verdict it assumes
+(`chained_block()`, up to `blocks_ahead` out), chained to the block before
+it; a verdict then either promotes the next block out to the one in flight
+or drops them all (services/speculative/chaining.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from services.models.drafters.base import DraftProposal, Drafter, block_probs, p
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain
+from services.speculative.chaining import chain_holds
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats, percentile
@@ -76,7 +82,14 @@ class InFlight:
     worker: str | None  # the sticky worker it went to; None = the pool
     sent_at: float  # perf_counter, taken before the push: the round trip starts there
     sent_wall: float  # time.time, the same moment
+    context: list[int] = field(default_factory=list)  # the context the block assumes, its draft tokens included
     speculating: SpeculationState | None = None  # block k+1, drafted while this block is verified
+    chained: bool = False  # block k+1 went out from that speculation, ahead of this block's verdict
+
+    @property
+    def ahead_of_verdict(self) -> bool:
+        """Sent chained to the block before it (services/speculative/chaining.py)."""
+        return self.block.parent_id != 0
 
 
 class DraftSession:
@@ -128,7 +141,13 @@ class DraftSession:
         self.last_trip: RoundTrip | None = None  # the last verdict's, when it had one
         self.first_token_at: float | None = None
         self.timing = DraftTiming()
-        self.in_flight: InFlight | None = None
+        self.in_flight: InFlight | None = None  # the block whose verdict comes next
+        # blocks sent after it, each chained to the one before (services/speculative/chaining.py); the driver
+        # sets how many may be out (blocks_ahead, counting in_flight), 1 = none ahead
+        self.ahead: list[InFlight] = []
+        self.blocks_ahead = 1
+        self.last_chained = False  # the last verdict answered a block sent ahead of its parent's verdict
+        self._block_serial = 0
         self.finish_reason: str | None = None
         # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
         self._ready_ids: list[int] = []
@@ -154,16 +173,22 @@ class DraftSession:
         wanted = remaining if self.drafter is None else self.controller.num_plain_rounds
         return max(1, min(wanted, remaining, self.max_plain_rounds))
 
-    def _make_block(self, draft_ids: list[int], probs: torch.Tensor | None, num_rounds: int = 1) -> DraftBlock:
+    def _make_block(self, draft_ids: list[int], probs: torch.Tensor | None, num_rounds: int = 1, *,
+                    round_index: int | None = None, num_committed: int | None = None,
+                    parent: DraftBlock | None = None, assumed_bonus: int = -1) -> DraftBlock:
+        self._block_serial += 1
         return DraftBlock(
             request_id=self.request_id,
-            round=self.round,
-            num_committed=len(self.committed),
+            round=self.round if round_index is None else round_index,
+            num_committed=len(self.committed) if num_committed is None else num_committed,
             draft_ids=draft_ids,
             draft_probs=protocol.encode_probs(probs) if probs is not None else None,
             vocab_size=int(probs.shape[-1]) if probs is not None else 0,
             reply_to=self.reply_to,
             num_rounds=num_rounds,
+            block_id=self._block_serial,
+            parent_id=parent.block_id if parent is not None else 0,
+            assumed_bonus=assumed_bonus,
         )
 
     def draft_call(self) -> DraftCall | None:
@@ -201,36 +226,80 @@ class DraftSession:
         """Round r's draft randomness: its own seeded stream, so the draft of a round is the same
         whether it was speculated during round r-1 or drafted after it."""
         if round_index not in self._streams:
-            self._streams = {r: g for r, g in self._streams.items() if r >= round_index - 1}
+            self._streams = {r: g for r, g in self._streams.items() if r >= self.round - 1}
             self._streams[round_index] = self.sampling.make_stream("draft", round_index)
         return self._streams[round_index]
 
     def sent(self, block: DraftBlock, payload: bytes, worker: str | None, sent_at: float | None = None,
              sent_wall: float | None = None) -> None:
-        """sent_at (perf_counter) and sent_wall (time.time): when the push began (default: now)."""
-        self.in_flight = InFlight(block, payload, worker, time.perf_counter() if sent_at is None else sent_at,
-                                  time.time() if sent_wall is None else sent_wall)
+        """sent_at (perf_counter) and sent_wall (time.time): when the push began (default: now). A chained
+        block (chained_block()'s) goes behind the blocks out, the others are the block in flight."""
+        flight = InFlight(block, payload, worker, time.perf_counter() if sent_at is None else sent_at,
+                          time.time() if sent_wall is None else sent_wall)
+        if block.parent_id:
+            tail = self._tail()
+            assert tail is not None and tail.block.block_id == block.parent_id, "a chained block without its parent"
+            flight.context = [*tail.context, block.assumed_bonus, *block.draft_ids]
+            tail.chained = True
+            self.ahead.append(flight)
+        else:
+            flight.context = [*self.committed, *block.draft_ids]
+            self.in_flight = flight
+
+    def drop_ahead(self) -> None:
+        """Forget the blocks sent ahead (a failover or a resend: the block in flight goes again alone, and
+        the chain starts over from its verdict)."""
+        self.ahead = []
+        if self.in_flight is not None:
+            self.in_flight.chained = False
+            self.in_flight.speculating = None
+        self._streams.pop(self.round + 1, None)
+
+    def _tail(self) -> InFlight | None:
+        return self.ahead[-1] if self.ahead else self.in_flight
 
     # --- pipelining -----------------------------------------------------------------------------
     def speculation(self) -> SpeculationState | None:
-        """The speculation of block k+1 while block k is out (assuming k is accepted whole): started on the
-        first call, then the same state, which the driver steps together with other sessions'."""
-        flight = self.in_flight
-        if not self.pipelined or flight is None:
+        """The speculation of the block after the last one out (assuming that one is accepted whole): started
+        on the first call, then the same state, which the driver steps together with other sessions'."""
+        tail = self._tail()
+        if not self.pipelined or tail is None or tail.chained:
             return None
-        if not flight.block.draft_ids and flight.block is not self._opening_block:
+        if not tail.block.draft_ids and tail.block is not self._opening_block:
             return None  # target-only rounds: the next block is drafted from their verdict
-        if flight.speculating is None:
-            num_sent = len(flight.block.draft_ids)
-            next_length = self._block_length(self.controller.after(num_sent, num_sent),
-                                             self.num_output + num_sent + 1)
+        if tail.speculating is None:
+            num_sent = len(tail.block.draft_ids)
+            assumed_output = len(tail.context) + 1 - len(self.spec.prompt_ids)
+            next_length = self._block_length(self.controller.after(num_sent, num_sent), assumed_output)
             if next_length <= 0:
                 return None
-            flight.speculating = SpeculationState(self.drafter, [*self.committed, *flight.block.draft_ids],
-                                                  next_length, self.sampling, self._stream(self.round + 1),
-                                                  self.sampling.make_stream("guess", self.round))
+            tail.speculating = SpeculationState(self.drafter, tail.context, next_length, self.sampling,
+                                                self._stream(tail.block.round + 1),
+                                                self.sampling.make_stream("guess", tail.block.round))
             self.timing.speculations += 1
-        return flight.speculating
+        return tail.speculating
+
+    def chained_block(self) -> DraftBlock | None:
+        """The next block to send ahead of the verdicts, when blocks_ahead allows one more and the speculation
+        after the last block out is complete: chained to that block, assuming it accepted whole with the
+        speculation's guess as bonus. Only to a known verify worker (the one holding the chain's parent)."""
+        if not self.ahead_ready(self.blocks_ahead):
+            return None
+        tail = self._tail()
+        speculation = tail.speculating.result()
+        return self._make_block(speculation.draft_ids, speculation.draft_probs, 1, round_index=tail.block.round + 1,
+                                num_committed=len(tail.context) + 1, parent=tail.block,
+                                assumed_bonus=speculation.bonus_guess)
+
+    def ahead_ready(self, depth: int) -> bool:
+        """A block could go ahead now, with `depth` blocks allowed out."""
+        tail = self._tail()
+        if tail is None or tail.chained or 1 + len(self.ahead) >= depth or self.in_flight.worker is None:
+            return False
+        state = tail.speculating
+        if tail.block.num_rounds != 1 or state is None or not state.done:
+            return False
+        return len(state.tokens) > 1  # the guess and at least one draft token
 
     # --- verdicts -------------------------------------------------------------------------------
     def on_verdict(self, verdict: Verdict, draft_sessions: int | None = None, seen_at: float | None = None,
@@ -246,7 +315,9 @@ class DraftSession:
         if speculation is not None:
             self.timing.speculation_s += speculation.elapsed_s
         self.last_trip = None
-        if verdict.worker_id and verdict.verify_started_at:  # resyncs and failures report no verify time
+        self.last_chained = flight.ahead_of_verdict and bool(verdict.worker_id)
+        if verdict.worker_id and verdict.verify_started_at and not flight.ahead_of_verdict:
+            # a block's trip over the link; one sent ahead of its parent's verdict made none of its own
             round_trip_s = (time.perf_counter() if seen_at is None else seen_at) - flight.sent_at
             verify_s = verdict.verify_finished_at - verdict.verify_started_at  # both on the verify worker's clock
             self.last_trip = RoundTrip(1000 * round_trip_s, transport_ms(round_trip_s, verify_s, held_s),
@@ -270,8 +341,11 @@ class DraftSession:
         self.round += verdict.num_rounds
         if verdict.finished:
             self.finish_reason = verdict.finish_reason or "stop"
+            self.ahead = []
             return True
-        if speculation is not None and verdict.num_rounds == 1 and \
+        if self.ahead:
+            return self._follow_chain(flight, verdict, speculation)
+        if speculation is not None and not flight.chained and verdict.num_rounds == 1 and \
                 speculation_holds(speculation, len(flight.block.draft_ids), verdict):
             if self._block_length() > 0 and speculation.draft_ids:
                 # the speculated block is this round's; a short one is topped up from the same stream
@@ -280,6 +354,25 @@ class DraftSession:
                 self.timing.hidden_s += hidden_seconds(speculation, flight.sent_wall, verdict.verify_finished_at)
         if not self._ready_ids:
             self._streams.pop(self.round, None)  # a dropped speculation used this round's stream: start it over
+        return False
+
+    def _follow_chain(self, flight: InFlight, verdict: Verdict, speculation) -> bool:
+        """The verdict of a block with blocks sent after it: when the next one's assumption held, the verify
+        worker is on it already and it is the block in flight now; else the chain is dropped here as there,
+        and the next block is drafted from the verdict."""
+        child = self.ahead[0]
+        if chain_holds(verdict, flight.block, child.block):
+            self.ahead.pop(0)
+            child.sent_at, child.sent_wall = time.perf_counter(), time.time()  # its wait for a verdict starts now
+            self.in_flight = child
+            self.timing.speculation_hits += 1
+            self.timing.chained_rounds += 1
+            if speculation is not None:
+                self.timing.hidden_s += speculation.elapsed_s  # drafted and sent before the verdict existed
+            return False
+        self.ahead = []
+        self.timing.chains_broken += 1
+        self._streams.pop(self.round, None)  # the dropped block used this round's stream: start it over
         return False
 
     def _observe_load(self, rows: float, draft_sessions: int | None) -> None:

@@ -62,6 +62,7 @@ class LinkMeter:
     window: int = WINDOW_ROUNDS
     redis_rtt_ms: float | None = None
     rounds: int = 0
+    chained_rounds: int = 0  # of those, verified ahead (services/speculative/chaining.py)
     driver_round_trips: int = 0  # the draft driver's, counted by it (one thread writes, the heartbeat reads)
     _trips: deque = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -73,15 +74,20 @@ class LinkMeter:
         with self._lock:
             self.redis_rtt_ms = smoothed(self.redis_rtt_ms, rtt_ms)
 
-    def observe_round(self, trip: RoundTrip) -> None:
+    def observe_round(self, trip: RoundTrip | None, chained: bool = False) -> None:
+        """A verified round: its block's trip, or none for a block verified ahead of the verdict before it
+        (it made no trip over the link of its own)."""
         with self._lock:
-            self._trips.append(trip)
+            if trip is not None:
+                self._trips.append(trip)
             self.rounds += 1
+            self.chained_rounds += chained
 
-    def figures(self) -> LinkFigures:
+    def figures(self, blocks_ahead: int | None = None) -> LinkFigures:
+        """blocks_ahead: the depth the driver keeps now (services/speculative/chaining.py)."""
         with self._lock:
             trips = list(self._trips)
-            rtt, rounds = self.redis_rtt_ms, self.rounds
+            rtt, rounds, chained = self.redis_rtt_ms, self.rounds, self.chained_rounds
 
         def pct(values: list[float], q: float) -> float | None:
             value = percentile(values, q)
@@ -94,4 +100,5 @@ class LinkMeter:
                            transport_ms_p50=pct(transports, 0.5), transport_ms_p99=pct(transports, 0.99),
                            verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
                            window=len(trips),
-                           round_trips_per_round=round(self.driver_round_trips / rounds, 3) if rounds else None)
+                           round_trips_per_round=round(self.driver_round_trips / rounds, 3) if rounds else None,
+                           blocks_ahead=blocks_ahead, verified_ahead=round(chained / rounds, 3) if rounds else None)

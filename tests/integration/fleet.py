@@ -43,8 +43,9 @@ class VerifyThread:
 
 
 def draft_runtime(client: redis.Redis, source: DraftSource, *, pipelined: bool = True,
-                  block_policy: str = "acceptance", **speculative) -> DraftRuntime:
-    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30),
+                  block_policy: str = "acceptance", blocks_ahead: int = 0, **speculative) -> DraftRuntime:
+    settings = Settings(worker=WorkerSettings(pipelined_drafting=pipelined, verdict_timeout_s=30,
+                                              blocks_ahead=blocks_ahead),
                         speculative=SpeculativeSettings(block_policy=block_policy, **speculative))
     return DraftRuntime(settings=settings, client=client, draft_source=source,
                         worker_id=f"draft-{uuid.uuid4().hex[:8]}", profile={"draft_ms_per_token": 0.5})
@@ -88,6 +89,39 @@ def running_fleet(client: redis.Redis, target, source: DraftSource, *, pipelined
     finally:
         runtime.close()
         verify.close()
+
+
+@contextmanager
+def behind_link(client: redis.Redis, rtt_ms: float) -> Iterator[redis.Redis]:
+    """A client for `client`'s Redis database through the project's link proxy (services/link/proxy.py),
+    delaying every chunk rtt_ms / 2 each way; the proxy runs on its own event loop thread."""
+    import asyncio
+
+    from services.link.proxy import LinkProxy
+    from services.link.spec import LinkSpec
+
+    kwargs = client.connection_pool.connection_kwargs
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    proxy = asyncio.run_coroutine_threadsafe(
+        LinkProxy(LinkSpec(rtt_ms), kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)).start(), loop).result(10)
+    linked = redis.Redis(host="127.0.0.1", port=proxy.port, db=kwargs.get("db", 0))
+    async def shutdown() -> None:
+        await proxy.close()
+        carrying = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in carrying:
+            task.cancel()
+        await asyncio.gather(*carrying, return_exceptions=True)
+
+    try:
+        yield linked
+    finally:
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        linked.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
 
 
 @contextmanager

@@ -100,3 +100,61 @@ def test_the_driver_keeps_due_sessions_through_a_redis_error(client):
     events = [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(output_stream("flaky"))]
     assert [event.seq for event in events] == list(range(len(events)))
     assert len(output_tokens(client, "flaky")) == 20
+
+
+def greedy(worker, count: int) -> list[int]:
+    from services.engine import GenerationOptions, GenerationSession
+
+    session = GenerationSession(worker.target, None, PROMPT, GenerationOptions(max_new_tokens=count, ignore_eos=True))
+    while not session.finished:
+        session.step()
+    return list(session.output_ids)
+
+
+def chained(parent: DraftBlock, block_id: int, bonus: int, draft_ids) -> DraftBlock:
+    """A block sent ahead of `parent`'s verdict, assuming it accepted whole with `bonus` after it."""
+    return block(parent.round + 1, parent.num_committed + len(parent.draft_ids) + 1, draft_ids, block_id=block_id,
+                 parent_id=parent.block_id, assumed_bonus=bonus)
+
+
+def test_a_chain_goes_on_while_it_holds_and_drops_after_a_rejection_in_its_middle(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    first = block(0, len(PROMPT), out[0:3], block_id=1)
+    second = chained(first, 2, out[3], out[4:6])  # holds: the target's own tokens
+    third = chained(second, 3, out[6], [out[7], (out[8] + 1) % 96, out[9]])  # holds, then a rejection inside
+    fourth = chained(third, 4, out[10], out[11:13])  # assumed the third accepted whole: dropped
+    client.rpush(verify_pool_queue("cpu"), *(b.encode() for b in (first, second, third, fourth)))
+    while len(verdicts(client)) < 3:
+        worker.turn(0.1)
+    for _ in range(3):
+        worker.turn(0.05)
+    got = verdicts(client)
+    assert [(v.round, v.block_id) for v in got] == [(0, 1), (1, 2), (2, 3)]  # nothing for the fourth
+    assert [v.num_accepted for v in got] == [3, 2, 1]
+    assert output_tokens(client, "r") == out[:9]  # accepted, bonus, accepted..., the target's token at the rejection
+    session = worker.sessions.get("r")
+    assert not session.has_work and session.parked == [] and session.round == 3
+    # the draft side went on from the third verdict: a fresh block for round 3 is taken as usual
+    client.rpush(verify_pool_queue("cpu"), block(3, len(PROMPT) + 9, out[9:11], block_id=5).encode())
+    while len(verdicts(client)) < 4:
+        worker.turn(0.1)
+    assert verdicts(client)[-1].block_id == 5 and output_tokens(client, "r") == out[:12]
+
+
+def test_a_chained_block_arriving_after_its_parents_verdict_is_checked_on_it(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    first = block(0, len(PROMPT), out[0:2], block_id=1)
+    client.rpush(verify_pool_queue("cpu"), first.encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    wrong_guess = chained(first, 2, (out[2] + 1) % 96, out[3:5])
+    worker._admit([(wrong_guess.encode(), False)])
+    assert not worker.sessions.get("r").has_work  # its bonus guess was not the target's: dropped
+    right_guess = chained(first, 3, out[2], out[3:5])
+    worker._admit([(right_guess.encode(), False)])
+    assert worker.sessions.get("r").block.block_id == 3
+    while len(verdicts(client)) < 2:
+        worker.turn(0.1)
+    assert verdicts(client)[-1].num_accepted == 2 and output_tokens(client, "r") == out[:6]

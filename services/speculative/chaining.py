@@ -1,0 +1,57 @@
+"""Blocks verified ahead of their verdicts: the rule both sides apply, and how many blocks to keep ahead.
+
+A remote draft keeps up to `depth` blocks at its verify worker. The first is
+an ordinary block; each later one is *chained*: drafted on the assumption
+that the block before it (its parent) is accepted whole and that the
+target's bonus token after it is the draft's guess. The verify worker goes
+on with a chained block as soon as its parent's verdict says the assumption
+held, without waiting for the draft worker to hear that verdict; when it did
+not hold, the chained blocks are dropped on both sides and the draft goes on
+from the verdict, as it does without chaining.
+
+A chained block is the very block its round would have been sent after the
+verdict (its tokens are drafted from its round's own random stream, and the
+context it assumes is checked token for token), so output is unchanged:
+greedy output identical to target-only, seeded sampling the same draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+from services.protocol import DraftBlock, Verdict
+
+MAX_BLOCKS_AHEAD = 4  # the auto depth's ceiling: every level deeper is drafted on a longer shot
+
+
+def chain_holds(verdict: Verdict, parent: DraftBlock, child: DraftBlock) -> bool:
+    """The child's assumption, checked against its parent's verdict: the verdict is a real verification of
+    that very parent, one drafted round, all of it accepted, the request goes on, and the bonus token is the
+    child's guess (so the child's context is exactly what was committed)."""
+    return (
+        child.parent_id != 0
+        and child.parent_id == parent.block_id == verdict.block_id
+        and bool(verdict.worker_id)
+        and verdict.num_rounds == 1
+        and parent.num_rounds == 1
+        and not verdict.finished
+        and verdict.num_accepted == len(parent.draft_ids)
+        and bool(verdict.committed_ids)
+        and verdict.committed_ids[-1] == child.assumed_bonus
+        and verdict.num_committed == child.num_committed
+        and child.round == parent.round + 1
+    )
+
+
+def blocks_ahead(setting: int, redis_rtt_ms: float | None, verify_ms: float | None,
+                 ceiling: int = MAX_BLOCKS_AHEAD) -> int:
+    """How many blocks to keep at the verify worker. setting 1: one at a time (each waits for its
+    verdict); N > 1: up to N; 0: from the link: the verify worker should find the next block waiting when
+    it finishes one, so the blocks ahead cover a trip over the link (the draft hears a verdict one way
+    later, its next block arrives one way after that) per verify time, plus the block in hand. Two at
+    least: the second costs no drafting the speculation did not already do."""
+    if setting >= 1:
+        return setting
+    if not redis_rtt_ms or not verify_ms or verify_ms <= 0:
+        return 2
+    return max(2, min(ceiling, 1 + math.ceil(redis_rtt_ms / verify_ms)))
