@@ -77,10 +77,12 @@ async def _after_stream(state: GatewayState, ticket: Ticket, submitted: Submitte
         await end_answer(state, submitted.flight, submitted.request_id, finished=False)
 
 
-def _stats(submitted: Submitted, last) -> dict:
+def _stats(submitted: Submitted, last, synthetic: dict | None = None) -> dict:
+    """synthetic: the stack's label (ServedModel.synthetic), carried by every answer it gives."""
     spec = submitted.spec
     return {**sd_stats(last, submitted.request_id), "pool": spec.pool, "route": spec.route,
-            "routing_version": spec.routing_version, "merged_into": submitted.merged_into}
+            "routing_version": spec.routing_version, "merged_into": submitted.merged_into,
+            **({"synthetic": synthetic} if synthetic else {})}
 
 
 def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
@@ -152,7 +154,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
         request_id=submitted.request_id, model=state.model.name, text=text.text(),
         finish_reason="cancelled" if cancelled else (last.finish_reason if last else None),
         prompt_tokens=len(submitted.spec.prompt_ids), completion_tokens=len(text.token_ids),
-        stats=_stats(submitted, last),
+        stats=_stats(submitted, last, state.model.synthetic),
     )
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
@@ -203,7 +205,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
             if include_usage:
                 yield {"data": json.dumps(responses.usage_chunk(
                     request_id=request_id, model=model, chat=chat, prompt_tokens=len(submitted.spec.prompt_ids),
-                    completion_tokens=len(text.token_ids), stats=_stats(submitted, last)))}
+                    completion_tokens=len(text.token_ids), stats=_stats(submitted, last, state.model.synthetic)))}
             yield {"data": "[DONE]"}
         except RequestTimeout as exc:  # an OpenAI-shaped error event, then the end of the stream
             yield {"data": json.dumps(error_body(504, str(exc)))}

@@ -36,8 +36,10 @@ def _state(request: Request) -> GatewayState:
 @router.get("/v1/models")
 async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> dict:
     model = _state(request).model
-    return {"object": "list", "data": [{"id": model.name, "object": "model", "created": model.created,
-                                         "owned_by": "mirror-sd", "max_model_len": model.max_context}]}
+    entry = {"id": model.name, "object": "model", "created": model.created, "owned_by": "mirror-sd",
+             "max_model_len": model.max_context}
+    return {"object": "list", "data": [{**entry, **({"mirror_sd_synthetic": model.synthetic} if model.synthetic
+                                                    else {})}]}
 
 
 def _request_view(row) -> dict:

@@ -30,6 +30,7 @@ class ServedModel:
     tokenizer: object
     max_context: int
     created: int = field(default_factory=lambda: int(time.time()))
+    synthetic: dict | None = None  # a random-weight target or a synthetic draft: said in /v1/models and stats
 
 
 @dataclass
@@ -75,14 +76,22 @@ def load_served_model(settings: Settings) -> ServedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     from services.models.loading import resolve_model_dir
+    from services.models.random_shapes import MAX_CONTEXT, is_random_spec, random_target_vocab
+    from services.synthetic import synthetic_label
 
+    name = settings.gateway.model_name or settings.target
+    label = synthetic_label(settings.target, settings.draft)
+    if is_random_spec(settings.target):  # random weights: the tokenizer is built, not loaded
+        vocab = random_target_vocab(settings.target)
+        return ServedModel(name=name, aliases=frozenset({name, settings.target, vocab.name}),
+                           tokenizer=vocab.tokenizer, max_context=MAX_CONTEXT, synthetic=label)
     display_name, source = resolve_model_dir(settings.target, settings.cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
-    name = settings.gateway.model_name or settings.target
     return ServedModel(
         name=name,
         aliases=frozenset({name, settings.target, display_name}),
         tokenizer=tokenizer,
         max_context=int(getattr(config, "max_position_embeddings", 2048)),
+        synthetic=label,
     )

@@ -561,3 +561,18 @@ class LinkStatus(Message):
     bytes_down: int = 0
     pid: int = 0
     sent_at: float = field(default_factory=time.time)
+
+
+# Synthetic drafts served by a stack (`--draft synthetic:<a>[@<ms>ms]`, docs/synthetic.md): the target's greedy
+# output per prompt, written by the bench's `ar` mode, read by whoever drafts. A hash: prompt digest -> message.
+SYNTHETIC_REFERENCES_KEY = f"{KEY_PREFIX}:synthetic:references"
+SYNTHETIC_REFERENCES_TTL_S = 24 * 3600
+
+
+@dataclass
+class SyntheticReference(Message):
+    """One reference run: a prompt and the target's greedy output after it (the synthetic draft's oracle)."""
+
+    KIND: ClassVar[str] = "synthetic_reference"
+    prompt_ids: list[int]
+    output_ids: list[int]

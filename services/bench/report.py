@@ -38,7 +38,7 @@ class Aggregate:
     measured_over_curve_bound: float | None = None
     rouge_l: float | None = None
     num_mismatches: int = 0
-    synthetic: bool = False  # acceptance chosen by a synthetic draft, not earned
+    synthetic: bool = False  # acceptance chosen by a synthetic draft, not earned, or a random-weight target
 
 
 def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
@@ -100,12 +100,14 @@ def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
 
 def build_report(
     runs_by_mode: dict[str, list[PromptRun]], draft_ms_overrides: dict[str, float] | None = None,
-    verify_curve: CostModel | None = None,
+    verify_curve: CostModel | None = None, synthetic_modes: set[str] | frozenset[str] = frozenset(),
 ) -> list[Aggregate]:
     """Rows per mode x scope; speedups and bounds against `ar` in the same scope.
 
     draft_ms_overrides: draft ms/token for modes that cannot time their drafter
     in-process (the stack reads it from the draft workers' device profiles).
+    synthetic_modes: modes labelled synthetic besides `sd:synthetic:*` (a stack serving a synthetic draft
+    or a random-weight target, docs/synthetic.md).
     """
     draft_ms_overrides = draft_ms_overrides or {}
     rows: list[Aggregate] = []
@@ -113,6 +115,7 @@ def build_report(
     for mode, runs in runs_by_mode.items():
         for scope, scoped in scopes(runs).items():
             row = aggregate(mode, scope, scoped)
+            row.synthetic = row.synthetic or mode in synthetic_modes
             if mode == "ar":
                 ar_rows[scope] = row
             rows.append(row)

@@ -24,6 +24,7 @@ from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
+from services.synthetic import describe_label
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +86,24 @@ class BenchOutcome:
     files: list[Path]
 
 
-def _stack_mode(config: BenchConfig, settings: Settings, resources: ExitStack) -> RunPrompt:
+def _stack_mode(config: BenchConfig, settings: Settings, resources: ExitStack) -> tuple[RunPrompt, dict | None]:
+    """The stack mode's runner, and the stack's synthetic label (its /v1/models says; None for a real one)."""
     import httpx
 
-    from services.bench.stack_client import run_one
+    from services.bench.stack_client import run_one, served_model
 
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     client = resources.enter_context(httpx.Client(base_url=config.url, headers=headers, timeout=600))
-    return lambda prompt, _prompt_ids, options: run_one(client, settings.target, prompt, options)
+    model, label = served_model(client, settings.target)
+    return (lambda prompt, _prompt_ids, options: run_one(client, model, prompt, options)), label
+
+
+def _mode_label(mode: str, target_spec: str) -> dict | None:
+    """An in-process mode's synthetic label: a synthetic draft, or a random-weight target (ar included)."""
+    from services.synthetic import synthetic_label
+
+    draft = mode.split(":", 1)[1] if mode.startswith(("sd:", "hf-assisted:")) else "none"
+    return synthetic_label(target_spec, draft)
 
 
 def _stack_overheads(redis_url: str, run: Callable[[], dict[str, list[PromptRun]]]) -> tuple[dict, dict]:
@@ -147,14 +158,16 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     with ExitStack() as resources:
         modes: dict[str, RunPrompt] = {}
         books: list[ReferenceBook] = []
+        labels = {mode: _mode_label(mode, config.meta.get("target_spec", target.name)) for mode in config.modes}
         for mode in config.modes:  # every runner is built before the journal is touched: a bad mode loses nothing
             if config.report_only:
                 modes[mode] = _never_run
             elif mode == "stack":
-                modes[mode] = _stack_mode(config, settings, resources)
+                modes[mode], labels[mode] = _stack_mode(config, settings, resources)
             else:
                 modes[mode], book = _in_process_mode(mode, target, settings)
                 books += [book] if book is not None else []
+        publish = _reference_publisher(config, settings, labels.get("stack"))
         journal = Journal(out_dir / JOURNAL_NAME, config.fingerprint(target, settings), resume=config.resume,
                           read_only=config.report_only)
 
@@ -162,6 +175,8 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
             if run.mode == "ar":
                 for book in books:
                     book.add(encoded[run.prompt.id], run.result.token_ids)
+                if publish is not None:  # the stack's synthetic draft too, through its Redis
+                    publish(encoded[run.prompt.id], run.result.token_ids)
 
         def run_all() -> dict[str, list[PromptRun]]:
             return run_interleaved(modes, stratified(config.prompts), encoded, options, repeat=config.repeat,
@@ -174,11 +189,27 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
             runs_by_mode, transport = run_all(), {}
     if not any(runs_by_mode.values()):
         raise ValueError(f"the journal in {out_dir} holds no prompt in every mode of {', '.join(config.modes)}")
-    return _report(config, target, runs_by_mode, transport, out_dir, journal.path)
+    return _report(config, target, runs_by_mode, transport, out_dir, journal.path,
+                   {mode: label for mode, label in labels.items() if label})
+
+
+def _reference_publisher(config: BenchConfig, settings: Settings,
+                         stack_label: dict | None) -> Callable[[list[int], list[int]], None] | None:
+    """For a stack serving a synthetic draft: ar's greedy output, published to the stack's Redis before the
+    stack mode runs the same prompt (services/synthetic.py); None otherwise."""
+    if not stack_label or "draft" not in stack_label or "ar" not in config.modes:
+        return None
+    import redis
+
+    from services.synthetic import publish_reference
+
+    client = redis.Redis.from_url(config.redis_url or settings.redis_url)
+    return lambda prompt_ids, output_ids: publish_reference(client, prompt_ids, output_ids)
 
 
 def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, list[PromptRun]], transport: dict,
-            out_dir: Path, journal_path: Path) -> BenchOutcome:
+            out_dir: Path, journal_path: Path, labels: dict[str, dict] | None = None) -> BenchOutcome:
+    """labels: the synthetic label of each mode that has one (services/synthetic.py), in every report."""
     """Greedy checks and ROUGE-L against ar, then results.json, results.md and the plots."""
     mismatches: dict[str, list[str]] = {}
     if "ar" in runs_by_mode:
@@ -190,17 +221,21 @@ def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, li
                 mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
     overrides = {"stack": transport["draft_ms_per_token"]} if transport.get("draft_ms_per_token") is not None else {}
     verify_curve = CostModel.from_profile(measure_verify_profile(target))  # the target's cost curve, here
-    rows = build_report(runs_by_mode, overrides, verify_curve)
+    labels = labels or {}
+    rows = build_report(runs_by_mode, overrides, verify_curve, synthetic_modes=set(labels))
     num_prompts = len({run.prompt.id for runs in runs_by_mode.values() for run in runs})
     meta = {**config.meta, "modes": config.modes, "num_prompts": num_prompts, "target": target.name,
             "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
             "seed": config.sampling.seed, "repeat": config.repeat, "verify_ms": verify_curve.verify_ms}
     if transport:
         meta["transport_overhead"] = transport
+    if labels:
+        meta["synthetic"] = labels
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(to_json(rows, runs_by_mode, meta), indent=1))
     ordered = sorted(rows, key=lambda row: (row.scope.startswith("category:"), row.scope != "all"))
-    table = to_markdown(ordered)
+    table = "".join(f"{mode}: {describe_label(label)}\n" for mode, label in labels.items())
+    table += ("\n" if labels else "") + to_markdown(ordered)
     if transport and transport["p50_ms"] is not None:
         table += ("\nstack transport overhead per round (round trip minus verify time and the draft driver's other "
                   f"work): p50 {transport['p50_ms']:.3f} ms, p99 {transport['p99_ms']:.3f} ms over "

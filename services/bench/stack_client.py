@@ -74,6 +74,19 @@ def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: Gene
     )
 
 
+def served_model(client: httpx.Client, default: str) -> tuple[str, dict | None]:
+    """The model a stack serves (its /v1/models id; `default` when it does not answer) and its synthetic label
+    (services/synthetic.py: a random-weight target or a synthetic draft), None for a real stack."""
+    try:
+        answer = client.get("/v1/models")
+        answer.raise_for_status()
+        entry = answer.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        logger.warning("the stack's /v1/models did not answer; asking for %s, labelled as a real stack", default)
+        return default, None
+    return entry.get("id", default), entry.get("mirror_sd_synthetic")
+
+
 def transport_samples(redis_url: str) -> list[float]:
     """Per-round transport overheads the draft workers recorded (ms, newest first)."""
     import redis

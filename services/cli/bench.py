@@ -89,7 +89,7 @@ def bench(
             max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key, redis_url=redis_url,
             chat=chat, progress=progress, resume=resume, report_only=report_only,
             meta={"prompts": prompts, "threads": threads or settings.num_threads,
-                  "block_policy": settings.speculative.block_policy},
+                  "block_policy": settings.speculative.block_policy, "target_spec": target or settings.target},
         )
     except ValueError as exc:
         fail(str(exc))

@@ -19,6 +19,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     from services.link.control import read_link
     from services.protocol import DRAFT_LINK
     from services.redis_client import connect, read_children, read_heartbeats
+    from services.synthetic import worker_synthetic
     from telemetry.service import read_routing_table
 
     client = connect(get_settings().redis_url)
@@ -47,6 +48,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         typer.echo(f"routing v{table.version}: {weights}; ar {table.ar_pools or '-'}; degraded "
                    f"{table.degraded_pools or '-'}; hot {table.hot_workers or '-'}; alerts {table.alerts or '-'}")
     for beat in beats:
+        synthetic = worker_synthetic(beat.model, beat.local_draft)
+        if synthetic:
+            typer.echo(f"SYNTHETIC: {beat.worker_id}: {synthetic} (docs/synthetic.md)")
         if beat.local_draft:
             typer.echo(f"placement local: {beat.worker_id} drafts for its own sessions with {beat.local_draft}")
             if beat.local_turns:

@@ -15,7 +15,10 @@ logger = logging.getLogger(__name__)
 def up(
     port: Annotated[int, typer.Option(help="gateway port")] = 8000,
     auth_disabled: Annotated[bool, typer.Option("--auth-disabled/--auth", help="development only")] = True,
-    draft: Annotated[str | None, typer.Option(help="draft spec for the draft worker (default: settings)")] = None,
+    target: Annotated[str | None, typer.Option(help="target model (default: settings), e.g. random:llama-1b: random "
+                                               "weights of that shape, for system benches (docs/synthetic.md)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft spec for the draft worker (default: settings), e.g. "
+                                              "synthetic:0.9@8ms (docs/synthetic.md)")] = None,
     pin: Annotated[bool, typer.Option("--pin/--no-pin", help="draft and verify workers on separate cores")] = False,
     verify_pools: Annotated[str | None, typer.Option(
         "--verify-pools", help="verify workers per pool, name=count, e.g. accel=1,cpu=1 (default: one worker on "
@@ -67,10 +70,11 @@ def up(
         except ValueError as exc:
             fail(str(exc))
         apply_env(telemetry__fallback_pool=fallback)
-    apply_env(gateway__auth_disabled=str(auth_disabled).lower(), draft=draft)
+    apply_env(gateway__auth_disabled=str(auth_disabled).lower(), draft=draft, target=target)
     get_settings.cache_clear()  # the flags above are settings now
     service_logging("up")
     settings = get_settings()
+    _say_synthetic(settings)
     init_db(settings.database_url)  # migrate once, before the children race to it
     try:
         placement = choose_placement("remote" if link and draft_placement == "auto" else draft_placement,
@@ -119,6 +123,25 @@ def up(
         if private is not None:
             private.stop()
     raise typer.Exit(code)
+
+
+def _say_synthetic(settings) -> None:
+    """A random-weight target or a synthetic draft, said at the front before anything starts (a bad spec exits
+    2 naming it)."""
+    from services.models.drafters.synthetic import is_synthetic_spec, parse_synthetic_spec
+    from services.models.random_shapes import is_random_spec, parse_random_spec
+    from services.synthetic import describe_label, synthetic_label
+
+    try:
+        if is_random_spec(settings.target):
+            parse_random_spec(settings.target)
+        if is_synthetic_spec(settings.draft):
+            parse_synthetic_spec(settings.draft)
+    except ValueError as exc:
+        fail(str(exc))
+    label = synthetic_label(settings.target, settings.draft)
+    if label:
+        typer.echo(f"{describe_label(label)} (docs/synthetic.md)", err=True)
 
 
 def _parse_draft_link(text: str | None, placement: str):

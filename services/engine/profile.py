@@ -30,6 +30,7 @@ from services.models.decoder import ForwardRow
 from services.models.kv_store import SequenceKV
 from services.models.drafters.batched import DraftCall, propose_many
 from services.models.drafters.factory import DraftSource
+from services.models.drafters.synthetic import parse_synthetic_spec
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
 from services.speculative.sampling import SamplingParams
@@ -172,6 +173,8 @@ def measure_draft_profile(source: DraftSource, vocab_size: int, *, context_token
     """{"draft_ms_per_token": ..., "draft_step_ms_16": ...}: ms per proposed token of a fresh session's
     drafter (the fastest repeat, as for the verify profile); for a model draft that steps its sessions
     together, also ms of one batched draft step of that many sessions (what each of them waits per token)."""
+    if source.references is not None:  # a synthetic draft: its cost is the one chosen (a sleep per token)
+        return {"draft_ms_per_token": parse_synthetic_spec(source.spec).ms_per_token}
     drafter = source.new_drafter()
     if drafter is None:
         return {}
@@ -241,10 +244,9 @@ def cached_draft_profile(source: DraftSource, vocab_size: int, cache_dir: Path |
 
 def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:
     """The in-process cost model (batch 1): this target's verify curve (cached in cache_dir when given) and
-    this draft's per-token cost (a synthetic draft, which replays reference runs, costs nothing)."""
+    this draft's per-token cost (a synthetic draft's: the one it was given)."""
     verify = cached_verify_profile(TorchEngine(target), cache_dir, max_rows=1)
-    draft = 0.0 if source.references is not None else (
-        cached_draft_profile(source, target.vocab_size, cache_dir).get("draft_ms_per_token", 0.0))
+    draft = cached_draft_profile(source, target.vocab_size, cache_dir).get("draft_ms_per_token", 0.0)
     return CostModel.from_profile(verify, draft)
 
 

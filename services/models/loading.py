@@ -85,7 +85,7 @@ def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, str]:
 
 
 def load_model(
-    spec: str,
+    spec: str,  # also `random:<shape>[:<seed>]`: random weights (services/models/random_shapes.py)
     *,
     precision: str = "fp32",
     device: str | torch.device = "cpu",
@@ -95,12 +95,15 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.config import get_settings
+    from services.models.random_shapes import is_random_spec, load_random_model
 
     # Run-time loads never touch the network, whatever the caller's environment.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cache_dir = cache_dir or get_settings().cache_dir
     layout = layout or get_settings().cpu_weight_layout
     device = torch.device(device)
+    if is_random_spec(spec):  # random weights of a named shape, built here (random_shapes.py)
+        return load_random_model(spec, precision=precision, device=device, layout=layout)
     name, source = resolve_model_dir(spec, cache_dir)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
@@ -139,7 +142,10 @@ def load_target_vocab(spec: str, *, cache_dir: Path | None = None) -> TargetVoca
     from transformers import AutoConfig, AutoTokenizer
 
     from services.config import get_settings
+    from services.models.random_shapes import is_random_spec, random_target_vocab
 
+    if is_random_spec(spec):
+        return random_target_vocab(spec)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     name, source = resolve_model_dir(spec, cache_dir or get_settings().cache_dir)
     try:

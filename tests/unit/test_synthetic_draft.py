@@ -2,16 +2,44 @@
 
 import pytest
 
-from services.models.drafters.synthetic import ReferenceBook, SyntheticDrafter, parse_synthetic_acceptance
+from services.models.drafters.synthetic import (
+    ReferenceBook,
+    SyntheticDrafter,
+    SyntheticSpec,
+    parse_synthetic_spec,
+)
+from services.models.random_shapes import parse_random_spec
 from services.speculative.sampling import SamplingParams
+from services.synthetic import describe_label, synthetic_label, worker_synthetic
 
 
-def test_parse_acceptance():
-    assert parse_synthetic_acceptance("synthetic:0.7") == 0.7
-    with pytest.raises(ValueError, match="'abc' is not a number"):
-        parse_synthetic_acceptance("synthetic:abc")
-    with pytest.raises(ValueError, match="outside"):
-        parse_synthetic_acceptance("synthetic:1.5")
+def test_parse_acceptance_and_cost():
+    assert parse_synthetic_spec("synthetic:0.7") == SyntheticSpec(0.7, 0.0)
+    assert parse_synthetic_spec("synthetic:0.9@8ms") == SyntheticSpec(0.9, 8.0)
+    assert parse_synthetic_spec("synthetic:1@0.5ms") == SyntheticSpec(1.0, 0.5)
+    assert parse_synthetic_spec("synthetic:0.9@8ms").name == "synthetic:0.9@8ms"
+    assert parse_synthetic_spec("synthetic:0.70").name == "synthetic:0.7"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("synthetic:abc", "acceptance 'abc' is not a number"),
+    ("synthetic:", "acceptance '' is not a number"),
+    ("synthetic:1.5", "acceptance '1.5' is outside"),
+    ("synthetic:0.9@8", "cost '8' must be milliseconds"),
+    ("synthetic:0.9@8s", "cost '8s' must be milliseconds"),
+    ("synthetic:0.9@fastms", "cost 'fastms' must be milliseconds"),
+    ("synthetic:0.9@-1ms", "cost '-1ms' is outside"),
+    ("synthetic:0.9@", "cost '' must be milliseconds"),
+    ("random:huge", "unknown shape 'huge'"),  # the target's half of a synthetic stack (random_shapes.py)
+    ("random:", "unknown shape ''"),
+    ("random:tiny:x", "seed 'x' must be a whole number"),
+    ("random:tiny:-1", "seed '-1' must be a whole number"),
+])
+def test_bad_specs_name_the_bad_value(spec, message):
+    parse = parse_random_spec if spec.startswith("random:") else parse_synthetic_spec
+    with pytest.raises(ValueError, match=message) as caught:
+        parse(spec)
+    assert repr(spec) in str(caught.value)
 
 
 @pytest.mark.parametrize("acceptance", [0.0, 0.3, 0.7, 1.0])
@@ -39,3 +67,43 @@ def test_proposals_stop_at_the_end_of_the_reference_and_need_one():
     stranger = SyntheticDrafter(1.0, book, vocab_size=10)
     with pytest.raises(ValueError, match="no reference run"):
         stranger.propose([1, 2], 2, SamplingParams(), None)
+
+
+def test_the_cost_is_slept_per_proposed_token_and_decisions_do_not_depend_on_who_asks():
+    book = ReferenceBook()
+    book.add([1, 2], list(range(3, 40)))
+    slept = []
+    drafter = SyntheticDrafter(parse_synthetic_spec("synthetic:0.5@8ms"), book, vocab_size=64, sleep=slept.append)
+    first = drafter.propose([1, 2, 3], 5, SamplingParams(), None).token_ids
+    assert slept == [pytest.approx(0.040)]
+    # a speculation drafting the same positions again, in other pieces, proposes the same tokens
+    again = SyntheticDrafter(parse_synthetic_spec("synthetic:0.5@8ms"), book, vocab_size=64, sleep=slept.append)
+    assert again.propose([1, 2, 3], 2, SamplingParams(), None).token_ids + \
+        again.propose([1, 2, 3, 4, 5], 3, SamplingParams(), None).token_ids == first
+    assert drafter.propose(list(range(1, 40)), 4, SamplingParams(), None).token_ids == []
+    assert len(slept) == 3  # nothing proposed, nothing slept
+
+
+def test_a_serving_book_fetches_on_a_miss_and_an_unknown_prompt_drafts_nothing():
+    published = []
+    book = ReferenceBook(fetch=lambda: list(published))
+    unknown = SyntheticDrafter(1.0, book, vocab_size=10, required=False)
+    assert unknown.propose([5, 6], 3, SamplingParams(), None).token_ids == []
+    published.append(([5, 6], [7, 8, 9]))
+    known = SyntheticDrafter(1.0, book, vocab_size=10, required=False)
+    assert known.propose([5, 6], 3, SamplingParams(), None).token_ids == [7, 8, 9]
+
+
+def test_labels_say_what_is_synthetic():
+    assert synthetic_label("smollm2-135m", "auto") is None
+    label = synthetic_label("random:llama-1b", "synthetic:0.9@8ms")
+    assert label["synthetic"] is True
+    assert "random weights" in label["target"] and "chosen, not earned" in label["draft"]
+    assert "8 ms per draft token" in label["draft"]
+    assert describe_label(label).startswith("SYNTHETIC: ")
+    assert synthetic_label("smollm2-135m", "synthetic:0.7") == {
+        "synthetic": True, "draft": "synthetic:0.7: acceptance 0.7 chosen, not earned; 0 ms per draft token "
+        "modeled by a sleep"}
+    assert worker_synthetic("smollm2-135m") is None
+    assert "random weights" in worker_synthetic("random-tiny")
+    assert "chosen" in worker_synthetic("random-tiny", "synthetic:0.9@8ms")

@@ -8,8 +8,9 @@ same way); `gguf:PATH` / `gguf:<built-in alias>` (a GGUF file drafting on
 llama.cpp, drafters/gguf.py); `hybrid` / `hybrid:<model draft>` (prompt
 lookup when the context has a match, else the model draft, `default`
 unless named); `auto` (the settings' default: see resolve_draft_spec); `none`
-(target-only); `synthetic:<a>` (benchmarks only: the target's greedy token
-with probability a, from reference runs); anything else is a model spec for
+(target-only); `synthetic:<a>[@<ms>ms]` (benchmarks only: the target's greedy
+token with probability a, from reference runs, at a chosen cost per token;
+docs/synthetic.md); anything else is a model spec for
 `load_model` (built-in alias, directory, GGUF file, cached HF id) that must
 share the target's tokenizer.
 """
@@ -33,7 +34,7 @@ from services.models.drafters.synthetic import (
     SYNTHETIC_PREFIX,
     ReferenceBook,
     SyntheticDrafter,
-    parse_synthetic_acceptance,
+    parse_synthetic_spec,
 )
 from services.models.llamacpp import LLAMA_CPP_PACKAGE, llama_cpp_available
 from services.models.loading import LoadedModel, TargetVocab, check_same_tokenizer, load_model
@@ -128,9 +129,9 @@ class DraftSource:
     def new_drafter(self) -> Drafter | None:
         if self.is_none:
             return None
-        if self.references is not None:
-            return SyntheticDrafter(parse_synthetic_acceptance(self.spec), self.references,
-                                    vocab_size=self.vocab_size)
+        if self.references is not None:  # a bench's book must hold every prompt; a stack's may miss (target-only)
+            return SyntheticDrafter(parse_synthetic_spec(self.spec), self.references, vocab_size=self.vocab_size,
+                                    required=self.references.fetch is None)
         lookup = NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
         if self.model is None and self.engine is None:
             return lookup
@@ -173,7 +174,7 @@ def load_draft_source(
     if isinstance(target, TargetVocab):
         raise ValueError(f"draft {spec!r} needs the target's weights loaded, not only its vocabulary")
     if spec.startswith(SYNTHETIC_PREFIX):
-        parse_synthetic_acceptance(spec)
+        parse_synthetic_spec(spec)
         return DraftSource(spec, None, references=ReferenceBook(), vocab_size=target.vocab_size, **common)
     self_precision = spec if spec in SELF_DRAFT_SHORTHANDS else None
     if spec.startswith("self:"):

@@ -16,6 +16,7 @@ from services.models.drafters.factory import (
     needs_target_weights,
     resolve_draft_spec,
 )
+from services.models.drafters.synthetic import is_synthetic_spec, parse_synthetic_spec
 from services.models.llamacpp_check import LlamaCppFaultError
 from services.models.loading import LoadedModel
 from services.protocol import DraftFallback
@@ -32,8 +33,9 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
     target's vocabulary or weights are loaded as the draft needs them. num_threads: llama.cpp's (default the
     process's)."""
     spec = resolve_draft_spec(settings.draft, settings.target)
-    if spec.startswith("synthetic:"):
-        raise ValueError(f"draft {spec!r}: synthetic drafts run in `mirror-sd bench` only")
+    if is_synthetic_spec(spec):
+        source = synthetic_serving_draft(settings, spec, target)
+        return source, source.vocab_size, None
     lookup = DraftSource(FALLBACK_DRAFT, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
     fallback = None
     crashed = settings.worker.crashed_draft
@@ -62,3 +64,18 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
                      exc.check.kept_note() or "the check ran in a child process")
         return lookup, target.vocab_size, fallback
     return source, target.vocab_size, fallback
+
+
+def synthetic_serving_draft(settings: Settings, spec: str, target: LoadedModel | None) -> DraftSource:
+    """A synthetic draft serving a stack (docs/synthetic.md): it replays the references the bench's ar mode
+    publishes to Redis (services/synthetic.py), so it needs only the target's vocabulary size, never its
+    weights or a core. Labelled in the log, as everywhere."""
+    from services.models.loading import load_target_vocab
+    from services.synthetic import redis_reference_book
+
+    parse_synthetic_spec(spec)
+    vocab_size = (target or load_target_vocab(settings.target, cache_dir=settings.cache_dir)).vocab_size
+    logger.warning("SYNTHETIC draft %s: acceptance chosen, not earned; its references come from `mirror-sd bench` "
+                   "(ar mode) through Redis, and a prompt without one is decoded target-only", spec)
+    return DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min,
+                       references=redis_reference_book(settings.redis_url), vocab_size=vocab_size)

@@ -1,19 +1,23 @@
-"""A synthetic drafter for systems benchmarking: acceptance chosen, not earned.
+"""A synthetic drafter for systems benchmarking: acceptance and cost chosen, not earned.
 
-`synthetic:0.7` proposes the target's own greedy continuation token with
-probability 0.7 and a wrong token otherwise, so a bench can read the
-suite's overhead (and measured/bound) at a chosen acceptance whatever the
-draft quality; with random-weight models it times a system whose real
-weights cannot travel. The target's greedy continuation comes from a
-reference run (the bench's `ar` mode) registered per prompt. It costs
-almost nothing to run. Never a default, and labelled synthetic in reports.
+`synthetic:0.9@8ms` proposes, at each position, the target's own greedy token with probability 0.9 and a
+wrong one otherwise, and spends 8 ms per proposed token, so a bench reads the suite at a chosen acceptance
+and draft cost whatever the draft quality (e.g. a big random-weight target drafted cheaply, as an edge box
+would). The cost is a sleep: it models an edge box's draft time without taking a core from the target. The
+target's greedy continuation comes from a reference run (the bench's `ar` mode) registered per prompt: in
+process (`sd:synthetic:<a>`), or published to Redis for a stack's drafts (services/synthetic.py). Whether a
+position is right is a pure function of the seed, the prompt and the position, so a speculation drafted
+twice proposes the same tokens. Never a default, and labelled synthetic in every report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -23,48 +27,109 @@ from services.speculative.sampling import SamplingParams
 logger = logging.getLogger(__name__)
 
 SYNTHETIC_PREFIX = "synthetic:"
+MAX_MS_PER_TOKEN = 10_000.0
 
 
-def parse_synthetic_acceptance(spec: str) -> float:
-    """`synthetic:0.7` -> 0.7; the value must be a probability."""
+@dataclass(frozen=True)
+class SyntheticSpec:
+    acceptance: float  # per position: P(the proposed token is the target's greedy token)
+    ms_per_token: float = 0.0  # slept per proposed token
+
+    @property
+    def name(self) -> str:
+        return f"{SYNTHETIC_PREFIX}{self.acceptance:g}" + (f"@{self.ms_per_token:g}ms" if self.ms_per_token else "")
+
+
+def is_synthetic_spec(spec: str) -> bool:
+    return spec.startswith(SYNTHETIC_PREFIX)
+
+
+def parse_synthetic_spec(spec: str) -> SyntheticSpec:
+    """`synthetic:0.7` -> (0.7, 0 ms); `synthetic:0.9@8ms` -> (0.9, 8 ms). A bad value is named."""
     text = spec[len(SYNTHETIC_PREFIX):]
+    acceptance_text, at, cost_text = text.partition("@")
     try:
-        acceptance = float(text)
+        acceptance = float(acceptance_text)
     except ValueError:
-        raise ValueError(f"draft {spec!r}: {text!r} is not a number (use e.g. synthetic:0.7)") from None
+        raise ValueError(f"draft {spec!r}: acceptance {acceptance_text!r} is not a number "
+                         "(use e.g. synthetic:0.9 or synthetic:0.9@8ms)") from None
     if not 0.0 <= acceptance <= 1.0:
-        raise ValueError(f"draft {spec!r}: acceptance {acceptance} is outside [0, 1]")
-    return acceptance
+        raise ValueError(f"draft {spec!r}: acceptance {acceptance_text!r} is outside [0, 1]")
+    if not at:
+        return SyntheticSpec(acceptance)
+    number = cost_text.removesuffix("ms")
+    try:
+        if number == cost_text:
+            raise ValueError
+        ms_per_token = float(number)
+    except ValueError:
+        raise ValueError(f"draft {spec!r}: cost {cost_text!r} must be milliseconds per draft token, "
+                         "e.g. @8ms or @0.5ms") from None
+    if not 0.0 <= ms_per_token <= MAX_MS_PER_TOKEN:
+        raise ValueError(f"draft {spec!r}: cost {cost_text!r} is outside 0..{MAX_MS_PER_TOKEN:g} ms per token")
+    return SyntheticSpec(acceptance, ms_per_token)
 
 
 class ReferenceBook:
-    """Reference sequences (prompt + the target's greedy output), found by the prompt they start with."""
+    """Reference sequences (prompt + the target's greedy output), found by the prompt they start with.
+    fetch: where more come from on a miss (a stack's drafts: Redis), None for the bench's in-process book."""
 
-    def __init__(self) -> None:
+    def __init__(self, fetch: Callable[[], Iterable[tuple[Sequence[int], Sequence[int]]]] | None = None) -> None:
         self._by_prompt: dict[tuple[int, ...], list[int]] = {}
+        self.fetch = fetch
 
     def add(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self._by_prompt[tuple(prompt_ids)] = [*prompt_ids, *output_ids]
 
-    def find(self, context_ids: Sequence[int]) -> list[int] | None:
+    def _find_here(self, context_ids: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
         for prompt, reference in self._by_prompt.items():
             if len(context_ids) >= len(prompt) and tuple(context_ids[: len(prompt)]) == prompt:
-                return reference
+                return prompt, reference
         return None
+
+    def find_with_prompt(self, context_ids: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+        """(the reference's prompt, the reference), or None when no reference run starts the context."""
+        found = self._find_here(context_ids)
+        if found is None and self.fetch is not None:
+            for prompt_ids, output_ids in self.fetch():
+                self.add(prompt_ids, output_ids)
+            found = self._find_here(context_ids)
+        return found
+
+    def find(self, context_ids: Sequence[int]) -> list[int] | None:
+        found = self.find_with_prompt(context_ids)
+        return None if found is None else found[1]
 
     def __len__(self) -> int:
         return len(self._by_prompt)
 
 
+def is_right(seed: int, prompt_digest: str, position: int, acceptance: float) -> bool:
+    """Whether the draft proposes the target's token at this position: the same answer however often asked."""
+    return random.Random(f"{seed}:{prompt_digest}:{position}").random() < acceptance
+
+
+def prompt_digest(prompt_ids: Sequence[int]) -> str:
+    return hashlib.blake2b(",".join(map(str, prompt_ids)).encode(), digest_size=8).hexdigest()
+
+
 class SyntheticDrafter:
-    def __init__(self, acceptance: float, references: ReferenceBook, *, vocab_size: int, seed: int = 0) -> None:
-        self.name = f"{SYNTHETIC_PREFIX}{acceptance:g}"
-        self.acceptance = acceptance
+    """required: raise on a context no reference starts (the bench, where the ar mode always ran first);
+    else propose nothing for it (a stack serving a request no bench published), so it decodes target-only."""
+
+    def __init__(self, spec: SyntheticSpec | float, references: ReferenceBook, *, vocab_size: int, seed: int = 0,
+                 required: bool = True, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.spec = spec if isinstance(spec, SyntheticSpec) else SyntheticSpec(spec)
+        self.name = self.spec.name
+        self.acceptance = self.spec.acceptance
         self.references = references
         self.vocab_size = vocab_size
         self.seed = seed
-        self._rng = random.Random(seed)  # reseeded per prompt at the first proposal
+        self.required = required
+        self.sleep = sleep
         self._reference: list[int] | None = None
+        self._digest = ""
+        self._looked = False
 
     def propose(
         self,
@@ -73,18 +138,26 @@ class SyntheticDrafter:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> DraftProposal:
-        if self._reference is None:
-            self._reference = self.references.find(context_ids)
-            if self._reference is None:
+        if not self._looked:
+            found = self.references.find_with_prompt(context_ids)
+            if found is None and self.required:
                 raise ValueError("synthetic draft: no reference run for this prompt (run the ar mode first)")
-            # independent draws per prompt (one shared sequence would correlate every prompt's rounds)
-            self._rng = random.Random(f"{self.seed}:{len(context_ids)}:{context_ids[-8:]}")
+            self._looked = True
+            if found is None:
+                logger.info("synthetic draft: no reference run for a %d-token prompt; it decodes target-only",
+                            len(context_ids))
+            else:
+                self._digest, self._reference = prompt_digest(found[0]), found[1]
+        if self._reference is None:
+            return DraftProposal([], None)
         start = len(context_ids)
         truth = self._reference[start : start + num_draft_tokens]
-        draft_ids = [
-            token if self._rng.random() < self.acceptance else (token + 1) % self.vocab_size for token in truth
-        ]
+        draft_ids = [token if is_right(self.seed, self._digest, start + offset, self.acceptance)
+                     else (token + 1) % self.vocab_size for offset, token in enumerate(truth)]
+        if draft_ids and self.spec.ms_per_token:
+            self.sleep(self.spec.ms_per_token * len(draft_ids) / 1000)  # the modeled draft time, no CPU
         return DraftProposal(draft_ids, None)  # a point mass, like prompt lookup
 
     def release(self) -> None:
         self._reference = None
+        self._looked = False
