@@ -9,6 +9,14 @@ both in their heartbeats. Measuring the grid takes seconds, so a worker keeps
 it on disk, keyed by everything that changes it (model, precision, layout,
 device, threads, torch version, the grid itself); a draft worker keeps its
 draft's cost the same way (a llama.cpp draft: its GGUF file, threads, slots).
+
+A profile measured while other processes took this one's cores (a test
+run, a second worker measuring on the same cores, a build) is used for that
+run but never kept: the process's CPU time over the measurement, against
+its threads x the wall time, says whether it had its cores (1.00 alone on
+its cores here; 0.69 with one thread too many on two cores). A cached
+profile measured under load would have the cost model misjudge speculation
+for good (a 2x verify curve and a 3.6x draft cost were seen so).
 """
 
 from __future__ import annotations
@@ -41,6 +49,15 @@ VERIFY_SIZES = tuple(range(1, 10))  # 1 token (target alone) up to a block of 8 
 STEP_ROWS = (2, 4, 8, 16, 32)
 STEP_SIZES = (1, 2, 3, 5, 9)
 PROFILE_FORMAT = 4  # 3: cells timed in interleaved passes; 4: attention in one call per shelf
+KEEP_ABOVE_SHARE = 0.85  # a profile measured with less of its threads' CPU time than this is not cached
+
+
+def cpu_share(cpu_s: float, wall_s: float, threads: int) -> float:
+    """The share of its threads' time a process was on a core: CPU seconds over threads x wall seconds
+    (1.0 when nothing else wanted its cores; idle waits count against it, so measure compute only)."""
+    if wall_s <= 0 or threads <= 0:
+        return 1.0
+    return cpu_s / (wall_s * threads)
 
 
 def _prefilled(engine: TargetEngine, num_sequences: int, context_tokens: int) -> list:
@@ -137,8 +154,9 @@ def profile_cache_key(target: LoadedModel, max_rows: int) -> str:
                  "sizes": list(STEP_SIZES), "verify": list(VERIFY_SIZES)})
 
 
-def _cached(path: Path | None, what: str, measure) -> dict[str, float]:
-    """The profile stored at path, or measure() (then stored there; path None: always measured)."""
+def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, float]:
+    """The profile stored at path, or measure() (then stored there, unless this process, running `threads`
+    threads, did not have its cores while it measured; path None: always measured)."""
     if path is not None and path.is_file():
         try:
             profile = json.loads(path.read_text())
@@ -146,10 +164,17 @@ def _cached(path: Path | None, what: str, measure) -> dict[str, float]:
             return profile
         except ValueError:
             logger.warning("unreadable profile cache %s: measuring again", path)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     profile = measure()
-    logger.info("measured the %s profile in %.1f s", what, time.perf_counter() - started)
-    if path is not None:
+    wall_s = time.perf_counter() - started
+    share = cpu_share(time.process_time() - cpu_started, wall_s, threads)
+    logger.info("measured the %s profile in %.1f s (%.0f%% of %d threads' time on a core)", what, wall_s,
+                100 * share, threads)
+    if share < KEEP_ABOVE_SHARE:
+        logger.warning("the %s profile was measured while other processes took this one's cores (%.0f%% of its "
+                       "threads' time on a core): used for this run, not cached; measured again next start",
+                       what, 100 * share)
+    elif path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(profile))
@@ -161,7 +186,8 @@ def cached_verify_profile(engine: TargetEngine, cache_dir: Path | None, *, max_r
     """The step grid for this engine, from cache_dir/profiles when measured before with the same facts."""
     path = None if cache_dir is None else (
         Path(cache_dir) / "profiles" / f"{profile_cache_key(engine.target, max_rows)}.json")
-    return _cached(path, "device", lambda: measure_verify_profile(engine, max_rows=max_rows, repeats=3))
+    return _cached(path, "device", lambda: measure_verify_profile(engine, max_rows=max_rows, repeats=3),
+                   torch.get_num_threads())
 
 
 DRAFT_BATCH_SESSIONS = (4, 16)  # sessions per batched draft step timed for the cost model (besides 1)
@@ -239,7 +265,11 @@ def cached_draft_profile(source: DraftSource, vocab_size: int, cache_dir: Path |
     draft takes seconds: a draft worker its supervisor restarts takes work again that much sooner)."""
     path = None if cache_dir is None else (
         Path(cache_dir) / "profiles" / f"draft-{draft_profile_key(source, vocab_size)}.json")
-    return _cached(path, "draft", lambda: measure_draft_profile(source, vocab_size))
+    engine = getattr(source.engine, "engine", None)
+    threads = getattr(engine, "threads", None) or torch.get_num_threads()  # a llama.cpp draft's own
+    if source.references is not None:
+        threads = 0  # a synthetic draft measures nothing: its cost is chosen
+    return _cached(path, "draft", lambda: measure_draft_profile(source, vocab_size), threads)
 
 
 def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:

@@ -1,0 +1,37 @@
+"""A profile measured while other processes had this one's cores is used, never cached."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from services.engine.profile import KEEP_ABOVE_SHARE, _cached, cpu_share
+
+
+def test_cpu_share_is_cpu_time_over_threads_times_wall():
+    assert cpu_share(2.0, 1.0, 2) == 1.0
+    assert abs(cpu_share(1.38, 1.0, 2) - 0.69) < 1e-9  # one thread too many on two cores, as measured here
+    assert cpu_share(0.0, 0.0, 1) == 1.0 and cpu_share(1.0, 1.0, 0) == 1.0  # nothing measured: no verdict
+
+
+def _busy(seconds: float) -> dict:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+    return {"verify_ms_1": 1.0}
+
+
+def test_a_profile_measured_with_its_core_is_kept_and_one_measured_without_it_is_not(tmp_path):
+    kept = tmp_path / "kept.json"
+    assert _cached(kept, "device", lambda: _busy(0.3), threads=1) == {"verify_ms_1": 1.0}
+    assert json.loads(kept.read_text()) == {"verify_ms_1": 1.0}
+    # the process was off its core for most of the time it measured (a sleep stands for another process)
+    starved = tmp_path / "starved.json"
+
+    def measured_off_core() -> dict:
+        time.sleep(0.3)
+        return _busy(0.05)
+
+    assert _cached(starved, "device", measured_off_core, threads=1) == {"verify_ms_1": 1.0}
+    assert not starved.exists()
+    assert KEEP_ABOVE_SHARE > 0.69  # the contended share measured on a 2-core box is below it
