@@ -233,8 +233,10 @@ class Settings(BaseSettings):
                        "built-in target its own GGUF on llama.cpp; else prompt lookup")
     draft_precision: Precision = "fp32"
     device: str = "cpu"
-    cpu_weight_layout: Literal["transposed", "native"] = Field(
-        "transposed", description="fp32 Linear weights on CPU: transposed verifies draft blocks faster (linear_layout.py)")
+    cpu_weight_layout: Literal["auto", "transposed", "native"] = Field(
+        "auto", description="fp32 Linear weights on CPU (linear_layout.py): which is faster depends on the CPU's "
+        "kernels; auto measures both once on the model served (1-9 token forwards) and keeps the faster "
+        "(services/engine/layout_choice.py)")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
 
     log_format: Literal["text", "json"] = Field(

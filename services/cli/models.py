@@ -65,7 +65,9 @@ def models_profile(
     from services.models.loading import load_model
 
     settings = get_settings()
-    chosen = [item.strip() for item in (layouts or settings.cpu_weight_layout).split(",") if item.strip()]
+    wanted = layouts or settings.cpu_weight_layout
+    chosen = [item.strip() for item in ("native,transposed" if wanted == "auto" else wanted).split(",")
+              if item.strip()]
     for layout in chosen:
         if layout not in LAYOUTS:
             fail(f"--layout {layout!r}: choose from {', '.join(LAYOUTS)}")

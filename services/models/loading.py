@@ -103,7 +103,7 @@ def load_model(
     layout = layout or get_settings().cpu_weight_layout
     device = torch.device(device)
     if is_random_spec(spec):  # random weights of a named shape, built here (random_shapes.py)
-        return load_random_model(spec, precision=precision, device=device, layout=layout)
+        return load_random_model(spec, precision=precision, device=device, layout=layout, cache_dir=cache_dir)
     name, source = resolve_model_dir(spec, cache_dir)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
@@ -118,6 +118,10 @@ def load_model(
     except (OSError, ValueError, TypeError):
         logger.warning("model %s has no tokenizer; it accepts token ids only", spec)
         tokenizer = None
+    from services.engine.layout_choice import resolve_layout
+
+    layout = resolve_layout(model, name, tokenizer, precision=precision, device=device, layout=layout,
+                            cache_dir=cache_dir)
     model = apply_precision(model, precision, device, layout=layout)
     logger.info("loaded %s (%s) at %s on %s", name, source, precision, device)
     return LoadedModel(name, model, tokenizer, precision, device, layout)

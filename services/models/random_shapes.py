@@ -82,7 +82,7 @@ def random_target_vocab(spec: str) -> TargetVocab:
 
 
 def build_random_model(shape: str, *, precision: str = "fp32", device: str = "cpu", seed: int = 0,
-                       layout: str = "transposed") -> LoadedModel:
+                       layout: str = "transposed", cache_dir=None) -> LoadedModel:
     """A Llama of the named shape with random weights drawn from `seed` alone, at `precision` on `device`."""
     from transformers import LlamaForCausalLM
 
@@ -95,14 +95,19 @@ def build_random_model(shape: str, *, precision: str = "fp32", device: str = "cp
         torch.manual_seed(seed)
         with target_device:  # built where it runs: a 1B model need not pass through host memory twice
             model = LlamaForCausalLM(config)
+    tokenizer = random_tokenizer(config.vocab_size)
+    from services.engine.layout_choice import resolve_layout
+
+    layout = resolve_layout(model, RandomSpec(shape, seed).name, tokenizer, precision=precision,
+                            device=target_device, layout=layout, cache_dir=cache_dir)
     model = apply_precision(model, precision, target_device, layout=layout)
     logger.info("random %s (seed %d): %.0fM parameters, %s on %s", shape, seed,
                 sum(p.numel() for p in model.parameters()) / 1e6, precision, device)
-    tokenizer = random_tokenizer(config.vocab_size)
     return LoadedModel(RandomSpec(shape, seed).name, model, tokenizer, precision, target_device, layout)
 
 
 def load_random_model(spec: str, *, precision: str = "fp32", device: str | torch.device = "cpu",
-                      layout: str = "transposed") -> LoadedModel:
+                      layout: str = "transposed", cache_dir=None) -> LoadedModel:
     parsed = parse_random_spec(spec)
-    return build_random_model(parsed.shape, precision=precision, device=str(device), seed=parsed.seed, layout=layout)
+    return build_random_model(parsed.shape, precision=precision, device=str(device), seed=parsed.seed, layout=layout,
+                              cache_dir=cache_dir)
