@@ -8,6 +8,7 @@ lease and reporting progress; then it records the outcome in SQL.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -93,8 +94,12 @@ class DraftRuntime:
         return cost
 
     def new_session(self, spec: SessionSpec, events: list) -> DraftSession:
+        cost = self.cost_model(spec.pool)
+        if cost is not None:  # this worker's link as measured now: a drafted round pays it unless verified ahead
+            cost = dataclasses.replace(cost, link_ms=self.driver.meter.figures().transport_ms_p50 or 0.0,
+                                       blocks_ahead=self.driver.blocks_ahead)
         return DraftSession(spec, events, drafter=self.draft_source.new_drafter() if spec.route == "sd" else None,
-                            speculative=self.settings.speculative, cost=self.cost_model(spec.pool),
+                            speculative=self.settings.speculative, cost=cost,
                             reply_to=protocol.draft_inbox(self.worker_id),
                             pipelined=self.settings.worker.pipelined_drafting,
                             recent=self.recent, draft_sessions=self.driver.num_sessions + 1)
@@ -200,6 +205,7 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
             num_draft_tokens=summary.stats.num_draft_tokens,
             num_accepted_tokens=summary.stats.num_accepted_tokens,
             transport_ms_p50=result["transport_ms_p50"],
+            plain_reason=summary.plain_reason,
             first_token_at=_utc(summary.first_token_at),
             finished_at=datetime.now(timezone.utc),
         )

@@ -58,6 +58,7 @@ def _request_view(row) -> dict:
             "acceptance_rate": accepted / row.num_draft_tokens if row.num_draft_tokens else 0.0,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
             "transport_ms_p50": row.transport_ms_p50,
+            "plain_reason": row.plain_reason,
         },
     }
 

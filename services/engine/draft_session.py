@@ -58,6 +58,7 @@ class SessionSummary:
     resumed_from_round: int
     timing: DraftTiming = field(default_factory=DraftTiming)
     round_trip_ms: list[float] = field(default_factory=list)  # block sent -> verdict seen, per drafted round
+    plain_reason: str | None = None  # why it last went target-only for a while (BlockLengthController)
 
     def to_dict(self) -> dict:
         return {
@@ -70,6 +71,7 @@ class SessionSummary:
             "transport_ms_p99": percentile(self.transport_ms, 0.99),
             "round_trip_ms_p50": percentile(self.round_trip_ms, 0.5),
             "first_token_at": self.first_token_at,
+            "plain_reason": self.plain_reason,
             **self.timing.as_fields(),
             **{k: v for k, v in self.stats.to_dict().items() if not k.endswith("_per_pos")},
         }
@@ -148,6 +150,7 @@ class DraftSession:
         self.blocks_ahead = 1
         self.last_chained = False  # the last verdict answered a block sent ahead of its parent's verdict
         self._block_serial = 0
+        self._said_plain = False
         self.finish_reason: str | None = None
         # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
         self._ready_ids: list[int] = []
@@ -212,6 +215,11 @@ class DraftSession:
             self._opening_block = self._make_block([], None, 1)
             return self._opening_block
         if length <= 0:
+            if self.controller.fallen_back and self.controller.fallback_reason == "link" and not self._said_plain:
+                self._said_plain = True
+                logger.info("request %s: its draft link makes drafting lose (%.0f ms a round not verified "
+                            "ahead): target-only rounds on the verify worker", self.request_id,
+                            self.controller.cost.link_ms, extra={"request_id": self.request_id})
             return self._make_block([], None, self._plain_rounds())
         draft_ids = ready_ids[:length]
         rows = list(ready_probs[:length]) if ready_probs is not None else [None] * len(draft_ids)
@@ -385,7 +393,7 @@ class DraftSession:
     def summary(self) -> SessionSummary:
         return SessionSummary(self.request_id, self.finish_reason or "length", self.num_output, self.round,
                               self.stats, self.transport_ms, self.first_token_at, self.resumed_from_round,
-                              self.timing, self.round_trip_ms)
+                              self.timing, self.round_trip_ms, self.controller.fallback_reason)
 
     def release_block(self) -> DraftBlock:
         """Tells the verify side to free the session's KV cache (cancellation, failure)."""
@@ -404,4 +412,5 @@ class DraftSession:
             "acceptance_rate": self.stats.acceptance_rate,
             "mean_acceptance_length": self.stats.mean_acceptance_length,
             "num_draft_tokens": self.controller.num_draft_tokens,
+            "plain_reason": self.controller.fallback_reason if self.controller.fallen_back else None,
         }

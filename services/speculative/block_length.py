@@ -18,6 +18,7 @@ at the minimum gamma with a fresh window (0 disables probing).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -65,10 +66,13 @@ class BlockLengthController:
         self._window: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
         self._fallback_rounds_left = 0
         self.num_fallbacks = 0
+        # why the last fallback: "acceptance" (no cost model), "cost" (no block length pays for itself), or
+        # "link" (one would, but not with the remote draft's link on every round that was not verified ahead)
+        self.fallback_reason: str | None = None
         self.rows = 1.0  # rows in the target step this session's blocks share (1 in-process)
         self.draft_sessions: float | None = None  # sessions drafting beside it on its draft worker; None: rows
         if cost is not None and not explore and self._best_for_cost(rows=1.0)[0] == 0:
-            self._enter_fallback(self.prior)
+            self._enter_fallback(self.prior, self._cost_reason())
 
     @property
     def fallen_back(self) -> bool:
@@ -137,14 +141,14 @@ class BlockLengthController:
         enough = len(self._window) >= self.config.fallback_min_rounds
         if self.cost is None:  # no measured costs: acceptance is all there is to go by
             if enough and acceptance < self.config.fallback_below:
-                self._enter_fallback(acceptance)
+                self._enter_fallback(acceptance, "acceptance")
                 return
             self._gamma = next_block_length(self._gamma, acceptance, self.config)
         elif enough and self._best_for_cost(rows=1.0)[0] == 0:
             # Pay-off, not acceptance: no block length yields more tokens per ms than the target alone, even
             # for a lone stream, at this acceptance and this draft's measured cost (a well-accepted draft
             # can still cost more than it saves; a free one pays at low acceptance): target alone for a while.
-            self._enter_fallback(acceptance)
+            self._enter_fallback(acceptance, self._cost_reason())
 
     def after(self, num_draft_tokens: int, num_accepted: int) -> int:
         """num_draft_tokens next round if this round ended so; the controller itself is unchanged."""
@@ -153,12 +157,23 @@ class BlockLengthController:
         future.update(num_draft_tokens, num_accepted)
         return future.num_draft_tokens
 
-    def _enter_fallback(self, acceptance: float) -> None:
+    def _cost_reason(self) -> str:
+        """Why the cost model says plain for a lone stream: the link, when without it a block would pay."""
+        if self.cost.link_ms <= 0:
+            return "cost"
+        linkless = dataclasses.replace(self.cost, link_ms=0.0)
+        alpha = alpha_from_rounds(self._window)
+        candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
+        best = best_block_length(self.prior if alpha is None else alpha, linkless, candidates, 1.0)[0]
+        return "link" if best else "cost"
+
+    def _enter_fallback(self, acceptance: float, reason: str) -> None:
         self.num_fallbacks += 1
+        self.fallback_reason = reason
         probe = self.config.probe_after_rounds
         # With probing disabled the fallback lasts for the rest of the session.
         self._fallback_rounds_left = probe if probe > 0 else 1 << 62
-        logger.debug("acceptance %.2f below %.2f: target-only decoding", acceptance, self.config.fallback_below)
+        logger.debug("acceptance %.2f: target-only decoding (%s)", acceptance, reason)
 
 
 class RecentRounds:

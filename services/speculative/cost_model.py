@@ -14,6 +14,15 @@ no block length pays for itself, the session should not draft. The draft
 side is shared as well: one draft worker steps the drafts of all its
 sessions together, so a session's draft step costs what the batched step
 of all of them costs (measured per session count, like the target's grid).
+
+A remote draft also pays its link: a drafted round waits for its verdict to
+cross to the draft worker and its next block to cross back (the measured
+transport), except when that block was verified ahead (blocks_ahead > 1,
+services/speculative/chaining.py), which needs the whole block and the
+draft's guess of the bonus token right: about alpha^(gamma + 1). Target-only
+rounds run on the verify worker alone and pay no link, so a slow enough link
+makes gamma 0 win, and shorter blocks, which hold their chain more often,
+win sooner than over no link.
 """
 
 from __future__ import annotations
@@ -101,6 +110,11 @@ class CostModel:
     # the draft's prefill of the prompts it reads, per output token (a verify worker drafting for its own
     # sessions pays it in its turns, holding every row of the step; 0 for a draft worker, on its own cores)
     draft_prefill_ms_per_token: float = 0.0
+    # a remote draft's link: what a drafted round waits beyond verification when its next block was not
+    # verified ahead (the measured transport: both ways over the link and the queues), and how many blocks
+    # the draft keeps at its verify worker (> 1: a block accepted whole with the bonus guessed hides the link)
+    link_ms: float = 0.0
+    blocks_ahead: int = 1
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -173,7 +187,14 @@ class CostModel:
         the draft's prefill of every row's tokens (draft_prefill_ms_per_token)."""
         tokens = 1.0 + expected_accepted(alpha, gamma)
         prefill = rows * tokens * self.draft_prefill_ms_per_token if gamma else 0.0
-        return tokens / (self.round_ms(gamma, rows, draft_sessions) + prefill)
+        return tokens / (self.round_ms(gamma, rows, draft_sessions) + prefill + self.exposed_link_ms(alpha, gamma))
+
+    def exposed_link_ms(self, alpha: float, gamma: int) -> float:
+        """The link a round of gamma drafted tokens waits for on average (0 for target-only rounds)."""
+        if not gamma or self.link_ms <= 0:
+            return 0.0
+        hidden = alpha ** (gamma + 1) if self.blocks_ahead > 1 else 0.0
+        return self.link_ms * (1.0 - hidden)
 
 
 def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:

@@ -51,6 +51,9 @@ class Request(Base):
     num_draft_tokens: Mapped[int] = mapped_column(Integer, default=0)
     num_accepted_tokens: Mapped[int] = mapped_column(Integer, default=0)
     transport_ms_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # why its draft went target-only for a while: cost (no block pays for itself), link (one would, but not with
+    # the remote draft's link), acceptance (too low, no cost model); None: it never did
+    plain_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 

@@ -169,3 +169,29 @@ def test_cold_sessions_warm_up_a_budget_per_turn_then_speculate_as_alone(target)
     for state, context in zip(states, contexts):
         alone = source.new_drafter().propose(context, 4, greedy, None).token_ids
         assert [state.tokens[0], *state.tokens[1:]] == alone
+
+
+def test_a_session_whose_link_makes_drafting_lose_goes_plain_and_says_so(fleet, target):
+    """The draft worker's measured transport enters the cost model of its new sessions: with rounds costing
+    400 ms over the link (fed to its meter as measured rounds), drafting loses to the verify worker's own
+    target-only rounds, and the session says why; the output is target-only decoding's all the same."""
+    from services.link.meter import RoundTrip
+
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    runtime = draft_runtime(fleet, source, pipelined=True, block_policy="cost", blocks_ahead=1)
+    for _ in range(5):
+        runtime.driver.meter.observe_round(RoundTrip(round_trip_ms=410.0, transport_ms=400.0, verify_ms=10.0))
+    spec = SessionSpec(request_id="slow-link", prompt_ids=PROMPT, max_new_tokens=24, ignore_eos=True)
+    submit_spec(fleet, spec)
+    try:
+        session = runtime.new_session(spec, [])
+        assert session.controller.cost.link_ms == 400.0
+        summary = runtime.driver.drive(session)
+    finally:
+        runtime.close()
+    assert summary.plain_reason == "link" and summary.to_dict()["plain_reason"] == "link"
+    # probes of one token until the acceptance window is long enough to decide (fallback_min_rounds), then
+    # target-only rounds
+    assert summary.stats.num_drafts <= 5 and summary.stats.num_draft_tokens == summary.stats.num_drafts
+    assert summary.stats.num_target_calls > summary.stats.num_drafts + 5
+    assert output_tokens(fleet, "slow-link") == reference_output(target, 24)
