@@ -47,6 +47,7 @@ def bench(
     max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
     merging: Annotated[bool, typer.Option("--merging", help="similar-request merging through the stack at --url: TTFT sharing a ~1,000-token prefix against cold, 8 identical requests against one, unrelated prompts against --baseline-url (a stack with merging off)")] = False,
     draft_link: Annotated[str | None, typer.Option("--draft-link", metavar="RTT_MS[:JITTER_MS],...", help="the bench once per level, the stack's draft workers behind a link of that RTT (and jitter), side by side in <out>/links.md; the stack must run a draft link (mirror-sd up --draft-link 0)")] = None,
+    capacity: Annotated[str | None, typer.Option("--capacity", metavar="TOK_S|itl:MS", help="verifier capacity: the streams in flight each still getting this many tokens/s (10) or an ITL p50 of at most this (itl:100), per mode, from a concurrency bench (levels default 1,2,4,8,16,32, modes stack,stack-ar); with --draft-link, against RTT (capacity.png)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
 
@@ -66,14 +67,26 @@ def bench(
         _bench_merging(prompts=prompts, url=url, baseline_url=baseline_url, api_key=api_key,
                        redis_url=redis_url or settings.redis_url, model=target or settings.target, out=out)
         return
+    capacity_target = None
+    if capacity is not None:
+        from services.bench.capacity import DEFAULT_LEVELS, parse_capacity_target
+
+        try:
+            capacity_target = parse_capacity_target(capacity)
+        except ValueError as exc:
+            fail(str(exc))
+        concurrency = concurrency or DEFAULT_LEVELS
+        if modes == BENCH_DEFAULT_MODES:
+            modes = "stack,stack-ar"
     if concurrency is not None:
         run_level = _bench_concurrency(
             prompts=prompts, modes=modes if modes != BENCH_DEFAULT_MODES else "stack,stack-ar,hf-batch",
             target=target, limit=limit, per_group=per_group, categories=categories,
             max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests, max_new_tokens=max_new_tokens,
             threads=threads, chat=chat, url=url, baseline_url=baseline_url, api_key=api_key, redis_url=redis_url,
-            repeat=repeat, linked=levels is not None)
-        _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out))
+            repeat=repeat, linked=levels is not None, capacity_target=capacity_target)
+        _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out),
+                    on_levels=_capacity_plot(capacity_target, Path(out)) if capacity_target else None)
         return
     if block_policy is not None:
         if block_policy not in ("acceptance", "cost"):
@@ -134,8 +147,21 @@ def _parse_link_levels(text: str | None, merging: bool, redis_url: str):
     return levels
 
 
-def _run_levels(run_level, levels, redis_url: str, out):
-    """The bench once (levels None) or once per draft link level, side by side; exit 1 on a greedy mismatch."""
+def _capacity_plot(target, out):
+    """After the link levels: capacity against RTT, per mode."""
+    def plot(rows) -> None:
+        from services.bench.capacity import plot_capacity_vs_link
+
+        path = plot_capacity_vs_link([(row.link, row.headline) for row in rows], target, out / "capacity.png")
+        if path is not None:
+            typer.echo(f"wrote {path}")
+
+    return plot
+
+
+def _run_levels(run_level, levels, redis_url: str, out, on_levels=None):
+    """The bench once (levels None) or once per draft link level, side by side (then on_levels(rows)); exit 1
+    on a greedy mismatch."""
     if levels is None:
         failed = run_level(out)[1]
     else:
@@ -149,12 +175,14 @@ def _run_levels(run_level, levels, redis_url: str, out):
             return headline
 
         try:
-            _rows, files = run_link_levels(levels, redis_url=redis_url, out_dir=out, run_level=one_level,
-                                           progress=lambda line: typer.echo(line, err=True))
+            rows, files = run_link_levels(levels, redis_url=redis_url, out_dir=out, run_level=one_level,
+                                          progress=lambda line: typer.echo(line, err=True))
         except RuntimeError as exc:
             fail(str(exc))
         typer.echo(files[1].read_text())
         typer.echo("wrote " + ", ".join(str(path) for path in files))
+        if on_levels is not None:
+            on_levels(rows)
         failed = any(failures)
     if failed:
         raise typer.Exit(code=1)
@@ -206,7 +234,7 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
                        categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
                        max_new_tokens: int, threads: int | None, chat: bool, url: str,
                        baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int,
-                       linked: bool = False):
+                       linked: bool = False, capacity_target=None):
     """Checks the options and loads the target once; returns the run of one bench into a folder."""
     from pathlib import Path
 
@@ -244,8 +272,16 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
         except (ValueError, RuntimeError, MirrorSDError) as exc:
             fail(str(exc))
         typer.echo(Path(files[1]).read_text())
-        typer.echo("wrote " + ", ".join(str(path) for path in files))
         headline = {f"C={row.concurrency} tok/s": row.tokens_per_s for row in rows if row.mode == "stack"}
+        if capacity_target is not None:
+            from services.bench import capacity
+
+            found = capacity.capacities(rows, capacity_target)
+            written = capacity.write_capacity(folder, found, capacity_target)
+            typer.echo(written[0].read_text())
+            files = [*files, *written]
+            headline.update(capacity.headline(found))
+        typer.echo("wrote " + ", ".join(str(path) for path in files))
         return headline, any(mismatch.fatal for mismatch in mismatches)
 
     return run_level
