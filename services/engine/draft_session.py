@@ -261,7 +261,7 @@ class DraftSession:
         if self.in_flight is not None:
             self.in_flight.chained = False
             self.in_flight.speculating = None
-        self._streams.pop(self.round + 1, None)
+        self._restart_streams(self.round + 1)
 
     def _tail(self) -> InFlight | None:
         return self.ahead[-1] if self.ahead else self.in_flight
@@ -380,8 +380,13 @@ class DraftSession:
             return False
         self.ahead = []
         self.timing.chains_broken += 1
-        self._streams.pop(self.round, None)  # the dropped block used this round's stream: start it over
+        self._restart_streams(self.round)
         return False
+
+    def _restart_streams(self, first_round: int) -> None:
+        """Dropped blocks (and the speculation after them) drew from the streams of their rounds: those rounds
+        start their streams over, so each draws what it would have drawn had nothing been sent ahead."""
+        self._streams = {r: g for r, g in self._streams.items() if r < first_round}
 
     def _observe_load(self, rows: float, draft_sessions: int | None) -> None:
         if self.sees_load:
