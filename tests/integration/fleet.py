@@ -102,6 +102,7 @@ def behind_link(client: redis.Redis, rtt_ms: float) -> Iterator[redis.Redis]:
 
     kwargs = client.connection_pool.connection_kwargs
     loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)  # connections cut at shutdown: nothing to report
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     proxy = asyncio.run_coroutine_threadsafe(

@@ -87,20 +87,30 @@ def test_sampled_sessions_are_reproducible_by_seed_pipelined_or_not(fleet, targe
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 11)])
 def test_blocks_verified_ahead_change_nothing_in_the_output(fleet, target, temperature, seed):
-    """One block at a time, or up to three out, each chained to the one before, the draft behind a 30 ms link
-    (its speculation is done before a verdict comes back, as at the edge): the same tokens, greedy or seeded;
-    greedy with three, rounds really are verified ahead and chains really break (a perturbed draft)."""
+    """One block at a time, or up to three out, each chained to the one before, the draft behind a 60 ms link
+    (its speculation is done before a verdict comes back, as at the edge): the same tokens, greedy or seeded,
+    with a perturbed draft whose chains hold or break as it guesses (test_verify_worker breaks one on purpose)."""
     source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
-    with behind_link(fleet, 30) as linked:
+    with behind_link(fleet, 60) as linked:
         runs = {depth: drive(fleet, source, pipelined=True, request_id=f"ahead-{temperature}-{depth}",
                              max_new_tokens=48, temperature=temperature, seed=seed, blocks_ahead=depth,
                              draft_client=linked) for depth in (1, 3)}
     assert runs[1][0] == runs[3][0] and len(runs[3][0]) == 48
     assert runs[1][1].timing.chained_rounds == 0
     assert runs[3][1].rounds == runs[1][1].rounds  # the same rounds: only when each was verified moved
-    if temperature == 0.0:  # (sampled, the draft's guess of the bonus token seldom holds on this tiny pair)
+    if temperature == 0.0:
         assert runs[3][0] == reference_output(target, 48)
-        assert runs[3][1].timing.chained_rounds > 0 and runs[3][1].timing.chains_broken > 0, runs[3][1].timing
+
+
+def test_a_draft_that_is_always_right_has_its_rounds_verified_ahead(fleet, target):
+    """The target as its own draft behind a 60 ms link, greedy: every block is accepted whole and every guess
+    of the bonus token is right, so each chained block is taken at once and most rounds are verified ahead."""
+    source = DraftSource("tiny-self", target)
+    with behind_link(fleet, 60) as linked:
+        tokens, summary, _ = drive(fleet, source, pipelined=True, request_id="ahead-exact", max_new_tokens=48,
+                                   blocks_ahead=2, draft_client=linked)
+    assert tokens == reference_output(target, 48)
+    assert summary.timing.chained_rounds > 0 and summary.timing.chains_broken == 0, summary.timing
 
 
 def test_cost_policy_reads_the_pools_verify_curve(fleet, target):
