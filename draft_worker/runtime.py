@@ -30,7 +30,8 @@ from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, SessionSpec
-from services.redis_client import REQUEST_TTL_S, connect, read_events, read_heartbeats
+from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats
+from services.redis_conn import connect
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
 from services.storage import crud

@@ -6,7 +6,6 @@ import gc
 import logging
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from gateway.access_log import AccessLog
@@ -20,6 +19,7 @@ from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
 from services.config import Settings, get_settings
 from services.models.tokenization import encode_messages
+from services.redis_conn import connect_async
 from services.storage.db import init_db, session_factory
 
 logger = logging.getLogger(__name__)
@@ -35,10 +35,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings=settings,
             # every streaming request holds a connection while it waits on its stream: size the pool for
             # the admission limit, and have a burst wait for a connection instead of failing
-            redis=aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-                settings.redis_url, max_connections=settings.gateway.max_inflight + 64,
-                timeout=settings.gateway.redis_pool_timeout_s, health_check_interval=30, socket_keepalive=True,
-                retry_on_timeout=True)),
+            redis=connect_async(settings.redis_url, max_connections=settings.gateway.max_inflight + 64,
+                                pool_timeout_s=settings.gateway.redis_pool_timeout_s, retry_on_timeout=True),
             celery=create_celery_app(settings),
             db=session_factory(engine),
             model=load_served_model(settings),

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 
 import redis
 
@@ -23,6 +24,27 @@ class RequestTimeout(Exception):
     pass
 
 
+@dataclass
+class OutputCursor:
+    """How many output tokens a reader has taken. An event that repeats some of them (the same round
+    committed again after a Redis failover lost the first commit, or a rebuilt session's rounds cut
+    otherwise) gives only its new tokens; one that would skip tokens means the stream lost part of itself."""
+
+    num_tokens: int = 0
+
+    def admit(self, event: OutputEvent) -> OutputEvent | None:
+        """The event to yield (trimmed to its new tokens), or None for a whole repeat."""
+        start = event.num_output_tokens - len(event.token_ids)
+        if start > self.num_tokens:
+            raise RequestLost(f"request {event.request_id}: its output stream skips tokens {self.num_tokens}.."
+                              f"{start - 1} (a Redis failover lost them); retry the request")
+        fresh = event.token_ids[self.num_tokens - start:]
+        if event.token_ids and not fresh and not event.finished:
+            return None
+        self.num_tokens = max(self.num_tokens, event.num_output_tokens)
+        return event if len(fresh) == len(event.token_ids) else replace(event, token_ids=fresh)
+
+
 class AnswerCancelled(Exception):
     """A DELETE of this client's request, whose generation goes on for others reading it (single-flight)."""
 
@@ -37,12 +59,14 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
                       share: StreamShare | None = None, cancel_key: str | None = None) -> AsyncIterator[OutputEvent]:
     """Yield the request's events in order until the finished one (XREAD blocks on Redis).
 
-    Rides out a Redis outage (reconnecting with backoff, from the last event read); raises RequestLost when
+    Rides out a Redis outage or failover (reconnecting with backoff, then reading the stream again from its
+    start: an OutputCursor yields each token once, however often its round was committed); raises RequestLost when
     the request's state did not survive it, or when it lasts past REDIS_OUTAGE_S. With `share`, tokens/s
     counts only the events no other reader here counted; with `cancel_key`, raises AnswerCancelled once
     that key is set."""
     stream = output_stream(request_id)
     last_id = "0-0"
+    cursor = OutputCursor()
     deadline = time.monotonic() + timeout_s
     last_progress = checked_at = cancel_checked_at = time.monotonic()
     outage_since: float | None = None
@@ -54,6 +78,10 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
                 logger.info("request %s: Redis is back after %.1fs", request_id, time.monotonic() - outage_since)
                 outage_since, backoff = None, RECONNECT_BACKOFF_S[0]
                 await check_stalled(state, request_id, priority)
+                # A failover's new primary may lack the last events read, and hold them again later under
+                # other ids (committed again): read the stream from its start, the cursor skipping repeats.
+                last_id = "0-0"
+                continue
             now = time.monotonic()
             if not response and now - last_progress >= STALL_CHECK_S and now - checked_at >= STALL_CHECK_S:
                 checked_at = now
@@ -74,8 +102,10 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
         for _, entries in response or []:
             for entry_id, fields in entries:
                 last_id = entry_id
+                event = cursor.admit(OutputEvent.decode(fields[b"m"]))
+                if event is None:
+                    continue
                 last_progress = time.monotonic()
-                event = OutputEvent.decode(fields[b"m"])
                 if state.similarity is not None and event.worker_id:
                     state.similarity.note_worker(request_id, event.worker_id)
                 # tokens/s as they arrive, not when a long request ends; once however many read them

@@ -11,9 +11,10 @@ import logging
 
 from celery import Celery
 
-from services.celery_transport import TRANSPORT
+from services.celery_transport import SENTINEL_TRANSPORT, TRANSPORT
 from services.config import Settings
 from services.protocol import DEFAULT_POOL, draft_queue
+from services.redis_url import celery_broker
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,8 @@ PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
 
 
 def create_celery_app(settings: Settings) -> Celery:
-    app = Celery("mirror_sd", broker=settings.redis_url, backend=settings.redis_url)
+    broker, backend, sentinel_options = celery_broker(settings.redis_url)
+    app = Celery("mirror_sd", broker=broker, backend=backend)
     app.conf.update(
         task_serializer="msgpack",
         result_serializer="msgpack",
@@ -37,8 +39,12 @@ def create_celery_app(settings: Settings) -> Celery:
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis outage is waited out, never a reason to exit
-        broker_transport=TRANSPORT,  # kombu's Redis transport, riding out an outage (services/celery_transport.py)
+        # kombu's Redis transport (or its Sentinel one), riding out an outage (services/celery_transport.py)
+        broker_transport=SENTINEL_TRANSPORT if sentinel_options else TRANSPORT,
+        result_backend_transport_options={key: value for key, value in sentinel_options.items()
+                                          if key != "sentinels"},
         broker_transport_options={
+            **sentinel_options,
             "priority_steps": sorted(PRIORITY_LEVELS.values()),
             "sep": ":",
             "queue_order_strategy": "priority",

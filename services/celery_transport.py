@@ -16,6 +16,7 @@ import logging
 
 import redis
 from kombu.transport import redis as kombu_redis
+from redis import sentinel
 
 logger = logging.getLogger(__name__)
 
@@ -57,4 +58,37 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu reads the sentinels from a broker URL's ';'-separated alternates, and on a connection error
+    also cycles through those alternates, re-creating the connection with its stock transport (whose QoS
+    then stops the worker at the next outage). So kombu gets one URL, and every sentinel comes here as the
+    `sentinels` transport option (services/redis_url.py, celery_broker)."""
+
+    QoS = QoS
+    from_transport_options = kombu_redis.SentinelChannel.from_transport_options + ("sentinels",)
+    sentinels: list | None = None
+
+    def _sentinel_managed_pool(self, asynchronous=False):
+        if not self.sentinels:
+            return super()._sentinel_managed_pool(asynchronous)
+        params = self._connparams(asynchronous)
+        params.pop("host", None)
+        params.pop("port", None)
+        manager = sentinel.Sentinel([tuple(address) for address in self.sentinels],
+                                    min_other_sentinels=getattr(self, "min_other_sentinels", 0),
+                                    sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **params)
+        if asynchronous:  # kept so that kombu closes its connections to the sentinels with the channel
+            self._async_sentinel_manager = manager
+        else:
+            self._sentinel_manager = manager
+        auth = {key: params[key] for key in ("username", "password") if key in params}
+        return manager.master_for(self.master_name, redis.Redis, **auth).connection_pool
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """The same, for a primary found through Sentinel (a `redis+sentinel://` redis_url)."""
+    Channel = SentinelChannel
+
+
 TRANSPORT = f"{__name__}:Transport"
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"

@@ -23,6 +23,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from services.redis_url import check_redis_url
+
 logger = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
@@ -203,9 +205,6 @@ class MergingSettings(BaseModel):
                                 "the same seed) share one generation, streamed to each of their clients")
 
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
 def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mirror-sd"))
 
@@ -257,9 +256,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        if not value.startswith(REDIS_SCHEMES):
-            raise ValueError(f"must be a {', '.join(REDIS_SCHEMES)} URL, got {value!r}")
-        return value
+        return check_redis_url(value)
 
     @model_validator(mode="after")
     def _refuse_unsafe_outside_development(self) -> "Settings":

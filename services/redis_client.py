@@ -35,18 +35,6 @@ return -1
 """
 
 
-def connect(url: str) -> redis.Redis:
-    """A bytes-in, bytes-out client (msgpack payloads)."""
-    return redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30)
-
-
-def is_reachable(url: str, timeout_s: float = 0.5) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s).ping())
-    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError):
-        return False
-
-
 class RoundCommitter:
     def __init__(self, client: redis.Redis) -> None:
         self._script = client.register_script(COMMIT_ROUND_LUA)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
 from services.config import CrashedDraft
 from services.link.child import link_child, wait_listening
@@ -40,7 +39,8 @@ from services.link.spec import LinkSpec
 from services.models.drafters.factory import FALLBACK_DRAFT, is_model_draft, resolve_draft_spec
 from services.pools import DECLARED_KIND, VerifyPool
 from services.protocol import CHILDREN_KEY, CHILDREN_TTL_S
-from services.redis_client import is_reachable
+from services.redis_conn import connect, is_reachable
+from services.redis_url import is_sentinel, redacted
 from services.supervisor import Child, GaveUp, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -197,6 +197,9 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     if draft_link is not None and placement == "local":
         raise ValueError("a draft link needs draft workers, and placement local has none")
     private = None
+    if not is_reachable(redis_url) and is_sentinel(redis_url):  # a fleet's Redis: never replaced by a private one
+        raise RuntimeError(f"no Redis primary reachable through the sentinels of {redacted(redis_url)}: are they "
+                           "up, and do they name a primary?")
     if not is_reachable(redis_url):  # a private one, supervised like the other children (a restart keeps data)
         private = PrivateRedis()
         redis_child = Child("redis", private.command(), dict(os.environ))
@@ -276,7 +279,7 @@ class ChildPublisher:
     Redis itself, whose restart must not wait on this; `up` publishes again every few seconds."""
 
     def __init__(self, redis_url: str) -> None:
-        self.client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self.client = connect(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
 
     def publish(self, children) -> None:
         mapping = {child.name: child.status().encode() for child in children}

@@ -16,6 +16,7 @@ import redis
 from services.models.drafters.synthetic import ReferenceBook, is_synthetic_spec, parse_synthetic_spec, prompt_digest
 from services.models.random_shapes import is_random_spec, parse_random_spec
 from services.protocol import SYNTHETIC_REFERENCES_KEY, SYNTHETIC_REFERENCES_TTL_S, SyntheticReference
+from services.redis_conn import connect
 
 logger = logging.getLogger(__name__)
 
@@ -70,5 +71,5 @@ def fetch_references(client: redis.Redis) -> list[tuple[list[int], list[int]]]:
 
 def redis_reference_book(redis_url: str) -> ReferenceBook:
     """A serving synthetic draft's book: published references, fetched again on a miss (a new prompt)."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    client = connect(redis_url, socket_timeout=5)
     return ReferenceBook(fetch=lambda: fetch_references(client))

@@ -7,7 +7,10 @@
    heartbeats, kill -9s it, waits for its role to be back at strength (the
    supervisor restarts it), and goes again, `kills` times. With
    `restart_redis` it also asks Redis to SHUTDOWN once mid-run (something,
-   e.g. `mirror-sd up`'s supervisor or compose, must start it again);
+   e.g. `mirror-sd up`'s supervisor or compose, must start it again); with
+   `failover` (a `redis+sentinel://` redis_url) it kill -9s the Redis primary
+   once mid-run instead (it must run on this host) and times the sentinels'
+   promotion of a replica and the first request served after the kill;
 3. report: completed, identical to the reference, lost (an error, a cut
    stream or no answer), doubled (more tokens than the reference: a round
    streamed twice), other mismatches, and the kills.
@@ -27,12 +30,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import redis
 
 from services.bench.prompts import BenchPrompt
 from services.redis_client import read_heartbeats
+from services.redis_conn import primary_address
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,7 @@ class ChaosReport:
     mismatched: int
     kills: list[Kill] = field(default_factory=list)
     redis_restart_s: float | None = None  # from SHUTDOWN to Redis answering again
+    failover: dict | None = None  # old/new primary, promoted_s and served_s after the kill -9 (failover drill)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -150,12 +156,48 @@ def live_workers(client: redis.Redis, host: str) -> list:
         return []
 
 
+def kill_redis_primary(client: redis.Redis) -> tuple[int, str]:
+    """kill -9 of the Redis server `client` talks to (the primary, for a Sentinel client), when it runs on
+    this host: its pid and address. The pid it reports is checked against this host's process table (a
+    Redis in a container or on another host reports a pid that is not its pid here)."""
+    info = client.info("server")
+    pid, port = int(info["process_id"]), int(info["tcp_port"])
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        command = b""
+    if b"redis-server" not in command or f":{port}".encode() not in command:
+        raise RuntimeError(f"the Redis primary (port {port}, pid {pid} in its own view) is not a process of this "
+                           "host: run the failover drill on the primary's host")
+    os.kill(pid, signal.SIGKILL)
+    return pid, f"{info.get('executable', 'redis-server')} :{port}"
+
+
+def first_served(url: str, model: str, timeout_s: float) -> float | None:
+    """Seconds until a short greedy request is answered 200 (None: not within timeout_s)."""
+    started = time.monotonic()
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4,
+            "temperature": 0, "cache_salt": uuid.uuid4().hex}
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while time.monotonic() - started < timeout_s:
+            try:
+                if client.post("/v1/chat/completions", json=body).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    return None
+
+
 class Killer(threading.Thread):
     def __init__(self, client: redis.Redis, *, kills: int, every_s: float, roles: tuple[str, ...],
-                 restart_redis: bool, seed: int, recover_timeout_s: float = 120.0) -> None:
+                 restart_redis: bool, seed: int, recover_timeout_s: float = 120.0,
+                 failover: tuple[str, str, str] | None = None) -> None:
+        """failover: (redis_url, gateway url, model) to kill the Redis primary once mid-run."""
         super().__init__(daemon=True, name="chaos-killer")
         self.client, self.kills, self.every_s, self.roles = client, kills, every_s, roles
         self.restart_redis, self.recover_timeout_s = restart_redis, recover_timeout_s
+        self.failover_on, self.failover = failover, None
         self.random = random.Random(seed)
         self.host = socket.gethostname()
         self.done: list[Kill] = []
@@ -163,11 +205,17 @@ class Killer(threading.Thread):
         self.stop = threading.Event()
         self.started = time.monotonic()
 
+    def _pending(self) -> bool:
+        return (len(self.done) < self.kills or (self.restart_redis and self.redis_restart_s is None)
+                or (self.failover_on is not None and self.failover is None))
+
     def run(self) -> None:
-        while (len(self.done) < self.kills or (self.restart_redis and self.redis_restart_s is None)) \
-                and not self.stop.wait(self.every_s):
+        while self._pending() and not self.stop.wait(self.every_s):
             if self.restart_redis and self.redis_restart_s is None and len(self.done) >= self.kills // 2:
                 self._restart_redis()
+                continue
+            if self.failover_on is not None and self.failover is None and len(self.done) >= self.kills // 2:
+                self._fail_over(*self.failover_on)
                 continue
             candidates = [b for b in live_workers(self.client, self.host) if b.role in self.roles]
             if not candidates:
@@ -190,6 +238,24 @@ class Killer(threading.Thread):
                 time.sleep(0.25)
             self.done.append(Kill(victim.role, victim.worker_id, victim.pid, at - self.started, back))
 
+    def _fail_over(self, redis_url: str, url: str, model: str) -> None:
+        old = primary_address(redis_url)
+        pid, _ = kill_redis_primary(self.client)
+        at = time.monotonic()
+        logger.warning("chaos: kill -9 of the Redis primary %s (pid %d)", old, pid)
+        promoted_s, new = None, None
+        while time.monotonic() - at < self.recover_timeout_s and promoted_s is None:
+            try:
+                new = primary_address(redis_url)
+                if new != old:
+                    promoted_s = time.monotonic() - at
+            except (redis.RedisError, OSError):
+                pass
+            time.sleep(0.1)
+        served = first_served(url, model, self.recover_timeout_s)
+        self.failover = {"old_primary": old, "new_primary": new, "promoted_s": promoted_s,
+                         "served_s": None if served is None else time.monotonic() - at}
+
     def _restart_redis(self) -> None:
         at = time.monotonic()
         logger.warning("chaos: Redis SHUTDOWN")
@@ -209,12 +275,15 @@ class Killer(threading.Thread):
 
 def run_chaos(url: str, client: redis.Redis, prompts: list[BenchPrompt], *, model: str, kills: int,
               concurrency: int, max_tokens: int, every_s: float, roles: tuple[str, ...] = ("draft", "verify"),
-              restart_redis: bool = False, seed: int = 0, timeout_s: float = 600.0) -> ChaosReport:
+              restart_redis: bool = False, seed: int = 0, timeout_s: float = 600.0,
+              failover_url: str | None = None) -> ChaosReport:
+    """failover_url: the stack's `redis+sentinel://` URL, to kill its primary once mid-run."""
     references = asyncio.run(_run_all(url, model, prompts, max(1, min(concurrency, 4)), max_tokens, "ar", timeout_s))
     bad = [r for r in references if r.token_ids is None]
     if bad:
         raise RuntimeError(f"the reference pass failed before any chaos: {bad[0].prompt_id}: {bad[0].error}")
-    killer = Killer(client, kills=kills, every_s=every_s, roles=roles, restart_redis=restart_redis, seed=seed)
+    killer = Killer(client, kills=kills, every_s=every_s, roles=roles, restart_redis=restart_redis, seed=seed,
+                    failover=(failover_url, url, model) if failover_url else None)
     started = time.monotonic()
     killer.start()
     try:
@@ -229,4 +298,5 @@ def run_chaos(url: str, client: redis.Redis, prompts: list[BenchPrompt], *, mode
         requests=len(outcomes), completed=sum(o.token_ids is not None for o in outcomes),
         identical=classes.count("identical"), lost=classes.count("lost"), doubled=classes.count("doubled"),
         mismatched=classes.count("mismatched"), kills=killer.done, redis_restart_s=killer.redis_restart_s,
+        failover=killer.failover,
         errors=[f"{o.prompt_id}: {o.error}" for o in outcomes if o.error], wall_s=time.monotonic() - started)

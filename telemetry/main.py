@@ -7,7 +7,7 @@ import signal
 import threading
 
 from services.config import Settings
-from services.redis_client import connect
+from services.redis_conn import connect
 from services.storage.db import create_db_engine, session_factory
 from telemetry.metrics import serve_metrics
 from telemetry.service import TelemetryService

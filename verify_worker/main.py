@@ -13,7 +13,7 @@ import redis
 from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
-from services.redis_client import connect
+from services.redis_conn import connect
 from services.engine.profile import cached_draft_profile, cached_verify_profile
 from services.models.drafters.serving import load_serving_draft
 from services.models.engine import TorchEngine

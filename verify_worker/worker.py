@@ -44,6 +44,7 @@ from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError
 from services.redis_client import REQUEST_TTL_S, RoundCommitter
 from services.speculative.chaining import chain_holds
 from telemetry.probes import apply_override, read_device
+from verify_worker.committed import CommittedEvents
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
 CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
 IDLE_SESSION_S = 600.0  # a session with no block for this long is dropped (its draft side is gone)
+COMMITTED_EXPIRE_S = 5.0  # how often the record of committed events forgets requests no longer held
 
 
 class VerifyWorker:
@@ -90,6 +92,9 @@ class VerifyWorker:
         self._forward_s: float | None = None  # the last step's forward
         self.sessions = SessionTable(engine, merging)
         self.committer = RoundCommitter(client)
+        self.committed = CommittedEvents()  # to make streams whole after a failover (verify_worker/committed.py)
+        self._outage = False
+        self._expired_at = 0.0
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
         self.figures = WorkerFigures()
         self.num_blocks = 0
@@ -104,9 +109,13 @@ class VerifyWorker:
         logger.info("verify worker %s serving pool %s (queues %s)", self.worker_id, self.pool, self.queues)
         while not stop.is_set():
             try:
+                if self._outage:  # back: a failover's new primary may lack what was committed last
+                    self._refill(self.committed.tracked())
+                    self._outage = False
                 self.turn(poll_s)
             except redis.RedisError as exc:  # Redis gone for a moment: keep the sessions, try again
                 logger.warning("verify worker %s: Redis error (%s); retrying", self.worker_id, exc)
+                self._outage = True
                 stop.wait(0.5)
             except Exception:  # the process boundary: one bad turn must not end the worker
                 logger.exception("verify worker %s: unexpected error in a turn", self.worker_id)
@@ -120,6 +129,9 @@ class VerifyWorker:
         self._wait_for_expected_blocks()
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
+        if time.monotonic() - self._expired_at > COMMITTED_EXPIRE_S:
+            self._expired_at = time.monotonic()
+            self.committed.expire(self._expired_at, live={session.request_id for session in self.sessions})
         self._committed, self._forward_s = 0, None
         rows = self.step() if self._ready() else 0
         if self.local is not None:  # what this turn's drafting (or not) gave, for the next turns' choice
@@ -422,31 +434,84 @@ class VerifyWorker:
 
     def _publish(self, items: list[CommitItem]) -> None:
         """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
-        stream moved: a cancellation, another verifier) is dropped here."""
+        stream moved: a cancellation, another verifier) is dropped here, one whose stream is shorter than
+        what this worker committed (a Redis failover lost events) is made whole again."""
         if not items:
             return
+        for item in items:
+            if item.event:
+                self.committed.record(item.request_id, item.seq, item.event)
         with self.client.pipeline(transaction=False) as pipe:
             for item in items:
                 self.committer.commit(stream_key=protocol.output_stream(item.request_id),
                                       verdict_key=item.reply_to, expected_seq=item.seq, event=item.event,
                                       verdict=item.verdict, client=pipe)
             replies = pipe.execute(raise_on_error=False)
+        short = []
         for item, reply in zip(items, replies):
             if isinstance(reply, Exception):
                 logger.error("request %s: commit failed: %s", item.request_id, reply,
                              extra={"request_id": item.request_id})
                 self.sessions.pop(item.request_id)
+                self.committed.forget(item.request_id)
+            elif item.event and 0 <= int(reply) < item.seq:
+                short.append(item)
             elif item.event and int(reply) != -1:
                 logger.info("request %s round %d: the stream holds %d events (cancelled, or another verifier "
                             "committed): session dropped", item.request_id, item.seq, int(reply),
                             extra={"request_id": item.request_id})
                 self.sessions.pop(item.request_id)
+                self.committed.forget(item.request_id)
             elif item.finished:
-                logger.info("request %s finished here at round %d", item.request_id, item.seq,
-                            extra={"request_id": item.request_id})
-                session = self.sessions.pop(item.request_id, retire=True)
-                if session is not None and session.local is not None and self.recorder is not None:
-                    self.recorder.ended(session.local)
+                self._finished(item)
+        if short:
+            self._refill([item.request_id for item in short], verdicts=short)
+            for item in short:
+                if item.finished:
+                    self._finished(item)
+
+    def _finished(self, item: CommitItem) -> None:
+        logger.info("request %s finished here at round %d", item.request_id, item.seq,
+                    extra={"request_id": item.request_id})
+        self.committed.finish(item.request_id, time.monotonic())
+        session = self.sessions.pop(item.request_id, retire=True)
+        if session is not None and session.local is not None and self.recorder is not None:
+            self.recorder.ended(session.local)
+
+    def _refill(self, request_ids: list[str], verdicts: list[CommitItem] = ()) -> int:
+        """Append again the events these requests' streams lost (verify_worker/committed.py), then push
+        `verdicts` (of commits that found their stream short). A stream that lost more than is kept ends
+        with an error. Returns the events appended again."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.xlen(protocol.output_stream(request_id))
+            lengths = pipe.execute()
+        appended, lost = 0, []
+        with self.client.pipeline(transaction=False) as pipe:
+            for request_id, have in zip(request_ids, lengths):
+                missing = self.committed.missing(request_id, int(have))
+                if missing is None:
+                    lost.append(request_id)
+                    continue
+                if missing:
+                    logger.warning("request %s: its stream lost rounds %d..%d (a Redis failover?): committed "
+                                   "them again", request_id, missing[0][0], missing[-1][0],
+                                   extra={"request_id": request_id})
+                for seq, event in missing:
+                    self.committer.commit(stream_key=protocol.output_stream(request_id), verdict_key="",
+                                          expected_seq=seq, event=event, verdict=b"", client=pipe)
+                appended += len(missing)
+            for item in verdicts:
+                if item.verdict and item.request_id not in lost:
+                    self.committer.commit(stream_key="", verdict_key=item.reply_to, expected_seq=0, event=b"",
+                                          verdict=item.verdict, client=pipe)
+            pipe.execute()
+        if lost:
+            self._fail([(request_id, None) for request_id in lost],
+                       "the queue (Redis) lost more of this request's output than can be committed again")
+            for request_id in lost:
+                self.committed.forget(request_id)
+        return appended
 
     def _check_cancellations(self) -> None:
         """Sessions running target-only rounds on their own, and those drafted here, have no draft worker

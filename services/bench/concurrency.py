@@ -157,7 +157,8 @@ def _verify_counters(redis_url: str | None, *, sent_after: float = 0.0, wait_s: 
     clock): a heartbeat is up to an interval old, so reading right after a short level would miss it."""
     if not redis_url:
         return {}
-    from services.redis_client import connect, read_heartbeats
+    from services.redis_client import read_heartbeats
+    from services.redis_conn import connect
 
     client = connect(redis_url)
     deadline = time.monotonic() + wait_s

@@ -22,7 +22,8 @@ from services.bench.stack_client import new_samples, sample_list
 from services.link.control import read_link, set_link, wait_link
 from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY
-from services.redis_client import connect, read_heartbeats
+from services.redis_client import read_heartbeats
+from services.redis_conn import connect
 from services.speculative.stats import percentile
 
 logger = logging.getLogger(__name__)

@@ -199,11 +199,11 @@ def _reference_publisher(config: BenchConfig, settings: Settings,
     stack mode runs the same prompt (services/synthetic.py); None otherwise."""
     if not stack_label or "draft" not in stack_label or "ar" not in config.modes:
         return None
-    import redis
+    from services.redis_conn import connect
 
     from services.synthetic import publish_reference
 
-    client = redis.Redis.from_url(config.redis_url or settings.redis_url)
+    client = connect(config.redis_url or settings.redis_url)
     return lambda prompt_ids, output_ids: publish_reference(client, prompt_ids, output_ids)
 
 

@@ -89,11 +89,11 @@ def served_model(client: httpx.Client, default: str) -> tuple[str, dict | None]:
 
 def transport_samples(redis_url: str) -> list[float]:
     """Per-round transport overheads the draft workers recorded (ms, newest first)."""
-    import redis
+    from services.redis_conn import connect
 
     from services.protocol import TRANSPORT_SAMPLES_KEY
 
-    return sample_list(redis.Redis.from_url(redis_url), TRANSPORT_SAMPLES_KEY)
+    return sample_list(connect(redis_url), TRANSPORT_SAMPLES_KEY)
 
 
 def sample_list(client, key: str) -> list[float]:
@@ -111,22 +111,21 @@ def new_samples(before: int, samples: list[float]) -> list[float]:
 
 def fleet_draft_ms_per_token(redis_url: str) -> float | None:
     """Mean draft ms/token over the live draft workers' start-up profiles (None if none reports one)."""
-    import redis
-
     from services.redis_client import read_heartbeats
+    from services.redis_conn import connect
 
-    values = [float(beat.profile["draft_ms_per_token"]) for beat in read_heartbeats(redis.Redis.from_url(redis_url))
+    values = [float(beat.profile["draft_ms_per_token"]) for beat in read_heartbeats(connect(redis_url))
               if beat.role == "draft" and "draft_ms_per_token" in beat.profile]
     return sum(values) / len(values) if values else None
 
 
 def draft_timing(redis_url: str) -> dict[str, float]:
     """Summed drafting time and speculation counts the draft workers recorded (see services/engine/draft_pipeline.py)."""
-    import redis
+    from services.redis_conn import connect
 
     from services.protocol import DRAFT_TIMING_KEY
 
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     return {key.decode(): float(value) for key, value in client.hgetall(DRAFT_TIMING_KEY).items()}
 
 

@@ -32,6 +32,10 @@ def chaos(
         "--restart-redis/--no-restart-redis",
         help="also SHUTDOWN Redis once mid-run; something must start it again (mirror-sd up's supervisor does "
              "for its private Redis; compose's restart policy)")] = False,
+    failover: Annotated[bool, typer.Option(
+        "--failover/--no-failover",
+        help="also kill -9 the Redis primary once mid-run (redis_url must be redis+sentinel://, the primary on "
+             "this host); reports the sentinels' promotion and the first request served after the kill")] = False,
     prompts: Annotated[Path | None, typer.Option(help="prompt file (default: the dev set)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path | None, typer.Option(help="write the report as JSON here")] = None,
@@ -40,7 +44,8 @@ def chaos(
     doubled."""
     from services.bench.prompts import DEV_PROMPTS_PATH, load_prompts, select_prompts
     from services.config import get_settings
-    from services.redis_client import connect
+    from services.redis_conn import connect
+    from services.redis_url import is_sentinel, redacted
     from telemetry.chaos import run_chaos
 
     chosen_roles = tuple(role.strip() for role in roles.split(",") if role.strip())
@@ -54,10 +59,16 @@ def chaos(
     except ValueError as exc:
         fail(f"--prompts: {exc}")
     settings = get_settings()
+    if failover and not is_sentinel(settings.redis_url):
+        fail(f"--failover needs a redis+sentinel:// redis_url (MIRROR_SD_REDIS_URL), "
+             f"got {redacted(settings.redis_url)!r}")
+    if failover and restart_redis:
+        fail("--failover and --restart-redis: choose one")
     try:
         report = run_chaos(url, connect(settings.redis_url), chosen, model=settings.gateway.model_name or settings.target,
                            kills=kills, concurrency=concurrency, max_tokens=max_tokens, every_s=every,
-                           roles=chosen_roles, restart_redis=restart_redis, seed=seed)
+                           roles=chosen_roles, restart_redis=restart_redis, seed=seed,
+                           failover_url=settings.redis_url if failover else None)
     except RuntimeError as exc:
         fail(str(exc))
     by_role = {role: sum(1 for k in report.kills if k.role == role) for role in chosen_roles}
@@ -70,6 +81,11 @@ def chaos(
                    f"{sum(k.back_after_s is None for k in report.kills)} never came back")
     if report.redis_restart_s is not None:
         typer.echo(f"Redis answered again {report.redis_restart_s:.1f}s after SHUTDOWN")
+    if report.failover is not None:
+        shown = {key: "never" if value is None else f"{value:.1f}s" for key, value in report.failover.items()
+                 if key.endswith("_s")}
+        typer.echo(f"failover: primary {report.failover['old_primary']} killed -9; {report.failover['new_primary']} "
+                   f"promoted after {shown['promoted_s']}; first request served {shown['served_s']} after the kill")
     for error in report.errors[:10]:
         typer.echo(f"  {error}", err=True)
     if out is not None:

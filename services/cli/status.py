@@ -18,21 +18,25 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     from services.config import get_settings
     from services.link.control import read_link
     from services.protocol import DRAFT_LINK
-    from services.redis_client import connect, read_children, read_heartbeats
+    from services.redis_client import read_children, read_heartbeats
+    from services.redis_conn import connect, describe_redis
     from services.synthetic import worker_synthetic
     from telemetry.service import read_routing_table
 
-    client = connect(get_settings().redis_url)
+    url = get_settings().redis_url
+    client = connect(url)
+    redis_line = describe_redis(url)
     beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
     table = read_routing_table(client)
     children = read_children(client)
     link = read_link(client, DRAFT_LINK)
     if as_json:
-        typer.echo(json_lib.dumps({"workers": [b.to_dict() for b in beats],
+        typer.echo(json_lib.dumps({"redis": redis_line, "workers": [b.to_dict() for b in beats],
                                    "routing": table.to_dict() if table else None,
                                    "children": [child.to_dict() for child in children],
                                    "draft_link": link.to_dict() if link else None}))
         return
+    typer.echo(f"redis: {redis_line}")
     typer.echo(f"{'worker':32} {'role':7} {'pool':6} {'device':11} {'temp':>6} {'util':>5} {'accept':>6} "
                f"{'p99 ms':>7} {'sessions':>8} {'age':>5}")
     for b in beats:

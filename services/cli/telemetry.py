@@ -45,7 +45,7 @@ def telemetry_inject(
 
     from services.config import get_settings
     from services.protocol import probe_override_key
-    from services.redis_client import connect
+    from services.redis_conn import connect
     from telemetry.main import parse_duration
 
     client = connect(get_settings().redis_url)
@@ -80,7 +80,7 @@ def telemetry_drill(
     """Inject a temperature, time the routing change and the first request that follows it, hold, clear it and
     time the way back."""
     from services.config import get_settings
-    from services.redis_client import connect
+    from services.redis_conn import connect
     from telemetry.drill import run_drill
     from telemetry.main import parse_duration
 

@@ -16,7 +16,6 @@ import signal
 import time
 
 import redis
-import redis.asyncio as aioredis
 
 from services.link.proxy import LinkProxy
 from services.link.spec import LinkSpec
@@ -28,6 +27,7 @@ from services.protocol import (
     link_setting_key,
     link_status_key,
 )
+from services.redis_conn import connect_async
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def status_of(proxy: LinkProxy, name: str) -> LinkStatus:
 async def control(proxy: LinkProxy, redis_url: str, name: str, stop: asyncio.Event) -> None:
     """Apply the setting in Redis and publish the status, every CONTROL_EVERY_S, until `stop`; a Redis that
     is away is waited for (the link forwards meanwhile, or fails to, as the Redis behind it does)."""
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = connect_async(redis_url, socket_timeout=2, socket_connect_timeout=2)
     announced = False
     try:
         while not stop.is_set():

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from services.redis_url import redacted
+
 logger = logging.getLogger(__name__)
 
 LINK_HELP = "RTT_MS[:JITTER_MS], e.g. 20 or 20:5 (milliseconds, >= 0)"
@@ -77,7 +79,8 @@ def redis_address(url: str) -> tuple[str, int]:
     """Host and port of a redis:// URL (what a link forwards to)."""
     parts = urlsplit(url)
     if parts.scheme != "redis":
-        raise ValueError(f"a link forwards TCP to a redis:// URL, not {url!r}")
+        raise ValueError(f"a link forwards TCP to one redis:// server, not {redacted(url)!r} (a Sentinel set: "
+                         "run the link in front of the primary with `mirror-sd link --to redis://...`)")
     return parts.hostname or "127.0.0.1", parts.port or 6379
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
-import redis
 
 from services.protocol import HEARTBEAT_PATTERN, Heartbeat
+from services.redis_conn import connect
 from services.stack import child_commands, free_port, stop_children
 from services.storage import crud
 from services.storage.db import init_db, session_factory
@@ -48,7 +50,7 @@ class Stack:
         self.verify_pool_of = dict(zip(self.verify_ids, pools))
         self.telemetry = telemetry
         self.processes: dict[str, subprocess.Popen] = {}
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis = connect(self.redis_url)
         self.db = None
 
     def _spawn(self, name: str, command: list[str]) -> None:
@@ -117,6 +119,21 @@ class Stack:
     def stop(self) -> None:
         stop_children(self.processes)
         self.redis.flushdb()
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict | str]:
+    """A streamed chat completion's events: each `data:` line's JSON, and "[DONE]" last."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def delta_text(event: dict | str) -> str:
+    """The content a chunk adds ("" for other events)."""
+    if isinstance(event, dict) and event.get("choices"):
+        return event["choices"][0]["delta"].get("content") or ""
+    return ""
 
 
 def assert_up_stops_cleanly(up: subprocess.Popen) -> None:

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from draft_worker.inbox import BLOCK_S, InboxListener
-from services.redis_client import connect
+from services.redis_conn import connect
 from services.stack import PrivateRedis
 from tests.integration.stack import TEST_REDIS
 

@@ -4,7 +4,6 @@ data), SIGTERM to the gateway mid-stream. No request is lost, no token doubled o
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import threading
@@ -19,7 +18,7 @@ from services.engine import GenerationOptions, generate
 from services.models.drafters import DraftSource
 from services.models.tokenization import encode_prompt
 from services.stack import PrivateRedis
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, delta_text, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +61,9 @@ def stream_with_fault(url: str, fault, after_chunks: int = 3, timeout_s: float =
     with httpx.Client(base_url=url, timeout=timeout_s) as client:
         with client.stream("POST", "/v1/chat/completions", json=body()) as response:
             assert response.status_code == 200, response.read()
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: "):]
-                event = data if data == "[DONE]" else json.loads(data)
+            for event in sse_events(response):
                 events.append(event)
-                if isinstance(event, dict) and event.get("choices"):
-                    text += event["choices"][0]["delta"].get("content") or ""
+                text += delta_text(event)
                 if not faulted and sum(isinstance(e, dict) and bool(e.get("choices")) for e in events) > after_chunks:
                     faulted = True
                     fault()

@@ -158,3 +158,53 @@ def test_a_chained_block_arriving_after_its_parents_verdict_is_checked_on_it(cli
     while len(verdicts(client)) < 2:
         worker.turn(0.1)
     assert verdicts(client)[-1].num_accepted == 2 and output_tokens(client, "r") == out[:6]
+
+
+def lose_last_events(client, count: int) -> None:
+    """What a failover's new primary lacks: the last `count` events of the stream."""
+    for entry_id, _ in client.xrevrange(output_stream("r"), count=count):
+        client.xdel(output_stream("r"), entry_id)
+
+
+def run_rounds(client, worker, rounds: int) -> list[Verdict]:
+    for index in range(rounds):
+        committed = verdicts(client)[-1].num_committed if index else len(PROMPT)
+        client.rpush(verify_pool_queue("cpu"), block(index, committed).encode())
+        while len(verdicts(client)) <= index:
+            worker.turn(0.1)
+    return verdicts(client)
+
+
+def test_a_stream_that_lost_its_last_events_is_made_whole_by_the_next_commit(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    run_rounds(client, worker, 3)
+    before = client.xrange(output_stream("r"))
+    lose_last_events(client, 2)
+    client.rpush(verify_pool_queue("cpu"), block(3, verdicts(client)[-1].num_committed).encode())
+    while len(verdicts(client)) < 4:
+        worker.turn(0.1)
+    after = client.xrange(output_stream("r"))
+    assert [fields for _, fields in after[:3]] == [fields for _, fields in before]  # the same events again
+    assert [event.seq for event in read_events(client, "r")] == [0, 1, 2, 3]
+    assert verdicts(client)[-1].round == 3 and worker.sessions.get("r") is not None
+
+
+def test_after_an_outage_the_worker_refills_streams_of_sessions_between_rounds_and_finished_ones(client, worker):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=2, ignore_eos=True))
+    run_rounds(client, worker, 2)
+    assert read_events(client, "r")[-1].finished and "r" not in worker.sessions
+    lose_last_events(client, 1)  # the finished event: no later commit would notice
+    assert worker._refill(worker.committed.tracked()) == 1
+    assert read_events(client, "r")[-1].finished and len(read_events(client, "r")) == 2
+    assert worker._refill(worker.committed.tracked()) == 0  # whole: nothing appended twice
+
+
+def test_a_stream_that_lost_more_than_is_kept_ends_with_an_error(client, worker, monkeypatch):
+    monkeypatch.setattr("verify_worker.committed.KEEP_EVENTS", 1)
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    run_rounds(client, worker, 3)
+    lose_last_events(client, 2)
+    worker._refill(["r"])
+    events = read_events(client, "r")
+    assert len(events) == 2 and events[-1].finish_reason == "error" and "lost more" in events[-1].error
+    assert "r" not in worker.sessions

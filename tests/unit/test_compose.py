@@ -7,6 +7,7 @@ tests assert on that result, not on the text we wrote.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import tomllib
@@ -18,19 +19,22 @@ from typer.main import get_command
 
 from services.cli import app
 from services.protocol import ROUTING_TABLE_KEY, heartbeat_key
+from services.redis_url import check_redis_url, parse_sentinel_url
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
+SENTINEL = ROOT / "compose" / "sentinel.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 MIRROR_SERVICES = ("gateway", "draft-worker", "verify-worker-gpu", "verify-worker-cpu", "telemetry")
 
 
-def compose_config(**env: str) -> subprocess.CompletedProcess:
+def compose_config(*extra: Path, **env: str) -> subprocess.CompletedProcess:
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose is missing: `apt-get install docker-compose` (.ci/run installs it)"
     # A clean environment: a MIRROR_SD_* or COMPOSE_* variable of the shell running the tests must not change
     # what the file resolves to.
-    return subprocess.run([binary, "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60,
+    files = [arg for path in (COMPOSE, *extra) for arg in ("-f", str(path))]
+    return subprocess.run([binary, *files, "config"], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env})
 
 
@@ -124,8 +128,9 @@ def test_healthchecks_read_the_keys_the_services_write():
     for name in ("verify-worker-gpu", "verify-worker-cpu"):
         worker_id = services[name]["environment"]["MIRROR_SD_WORKER__WORKER_ID"]
         assert worker_id == f"verify-{pool_of(services[name])}-0"
-        assert f"'{heartbeat_key('')}' + os.environ['MIRROR_SD_WORKER__WORKER_ID']" in services[name]["healthcheck"]["test"][1]
-    assert f"'{ROUTING_TABLE_KEY}'" in services["telemetry"]["healthcheck"]["test"][1]
+        test = services[name]["healthcheck"]["test"][1].replace("$$", "$")  # compose's escape, printed or not
+        assert f"python -m services.redis_conn has-key {heartbeat_key('')}$MIRROR_SD_WORKER__WORKER_ID" == test, test
+    assert services["telemetry"]["healthcheck"]["test"][-2:] == ["has-key", ROUTING_TABLE_KEY]
 
 
 def test_config_fails_clearly_without_the_postgres_password():
@@ -209,3 +214,39 @@ def test_the_gateway_drains_within_its_stop_grace_period():
     gateway = resolved()["gateway"]
     drain = float(gateway["environment"]["MIRROR_SD_GATEWAY__DRAIN_TIMEOUT_S"])
     assert 0 < drain < grace_seconds(gateway)
+
+
+@lru_cache(maxsize=1)
+def resolved_with_sentinel() -> dict:
+    result = compose_config(SENTINEL, POSTGRES_PASSWORD="s3cret")
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def sentinel_conf(service: dict) -> list[str]:
+    """The lines a sentinel container writes to its config file (its `printf '%s\\n' 'line' ...`)."""
+    script = service["command"][-1]
+    return shlex.split(script.split(">", 1)[0])[2:]
+
+
+def test_with_sentinel_every_service_finds_the_primary_through_three_sentinels():
+    services = resolved_with_sentinel()
+    urls = {services[name]["environment"]["MIRROR_SD_REDIS_URL"] for name in MIRROR_SERVICES}
+    assert len(urls) == 1
+    target = parse_sentinel_url(check_redis_url(urls.pop()))
+    assert [host for host, _ in target.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
+    for host, port in target.sentinels:
+        conf = sentinel_conf(services[host])
+        assert f"port {port}" in conf
+        # each watches the primary under the URL's master name, a majority of the three to act
+        assert f"sentinel monitor {target.master} redis 6379 2" in conf
+        assert "sentinel resolve-hostnames yes" in conf and services[host]["command"][-1].endswith("--sentinel")
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:replica.index("--replicaof") + 3] == ["redis", "6379"]
+    assert services["redis"]["command"][services["redis"]["command"].index("--replica-announce-ip") + 1] == "redis"
+
+
+def test_with_sentinel_healthchecks_read_any_redis_url():
+    services = resolved_with_sentinel()
+    assert services["verify-worker-cpu"]["healthcheck"]["test"][1].startswith("python -m services.redis_conn")
+    assert services["telemetry"]["healthcheck"]["test"][1:4] == ["python", "-m", "services.redis_conn"]

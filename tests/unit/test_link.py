@@ -54,7 +54,7 @@ def test_a_url_behind_a_link_keeps_password_database_and_options():
         "redis://:secret@127.0.0.1:7001/3?socket_timeout=5"
     assert behind_link("redis://127.0.0.1/0", "127.0.0.1", 7001) == "redis://127.0.0.1:7001/0"
     assert redis_address("redis://h:6390/1") == ("h", 6390) and redis_address("redis://h") == ("h", 6379)
-    with pytest.raises(ValueError, match="redis:// URL"):
+    with pytest.raises(ValueError, match="one redis:// server"):
         redis_address("unix:///tmp/redis.sock")
 
 
@@ -116,7 +116,7 @@ def test_a_round_trip_starts_where_the_block_was_pushed():
 @pytest.mark.parametrize("args, message", [
     (["link", "-5"], "Error: link: '-5': RTT -5 ms is negative"),
     (["link", "fast"], "Error: link: 'fast': RTT 'fast' is not a number of milliseconds"),
-    (["link", "20", "--to", "unix:///tmp/r.sock"], "Error: --to: a link forwards TCP to a redis:// URL"),
+    (["link", "20", "--to", "unix:///tmp/r.sock"], "Error: --to: a link forwards TCP to one redis:// server"),
     (["up", "--draft-link", "20:x"], "Error: --draft-link: '20:x': jitter 'x' is not a number"),
     (["up", "--draft-link", "-1"], "Error: --draft-link: '-1': RTT -1 ms is negative"),
     (["up", "--draft-link", "20", "--draft-placement", "local"], "--draft-placement local runs none"),
