@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
@@ -50,10 +51,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # of the collector's sight, a burst's garbage collections stop walking it (pauses of 100s of ms at once).
         gc.collect()
         gc.freeze()
-        logger.info("gateway serving %s (context %d)", state.model.name, state.model.max_context)
+        logger.info("gateway serving %s (context %d)%s", state.model.name, state.model.max_context,
+                    f" as {state.gateway_id}, admission shared in Redis" if state.shared else "")
+        beats = asyncio.create_task(state.admission.keep_lease()) if state.shared else None
         try:
             yield
         finally:
+            if beats is not None:
+                beats.cancel()
+                await state.admission.leave()
             await state.redis.aclose()
             engine.dispose()
 

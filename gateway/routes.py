@@ -103,6 +103,8 @@ async def readiness(state: GatewayState) -> dict:
     if state.draining:  # SIGTERM: load balancers stop sending here while in-flight streams finish
         return {"ready": False, "draining": True, "inflight": state.inflight}
     checks: dict = {"redis": False, "draft_workers": 0, "verify_workers": 0, "model": state.model.name}
+    if state.shared:  # which of several gateways answered, and how many share the limits
+        checks.update(gateway=state.gateway_id, gateways=state.admission.live_gateways)
     try:
         checks["redis"] = bool(await state.redis.ping())
         beats = await live_workers(state, fresh=True)
