@@ -17,6 +17,7 @@ from gateway.admission import Admission
 from gateway.cache import Cached
 from gateway.shared_admission import SharedAdmission
 from gateway.similarity import SimilarityIndex
+from gateway.similarity_log import SimilarityLog
 from gateway.single_flight import SingleFlight
 from gateway.stream_tally import StreamTally
 from services.config import Settings
@@ -57,6 +58,7 @@ class GatewayState:
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
     dashboard_cache: Cached = field(default_factory=lambda: Cached(0.5))  # /v1/dashboard (SNAPSHOT_CACHE_S)
     similarity: SimilarityIndex | None = None  # recent prompts, for cache-affinity routing (None: off)
+    similarity_log: SimilarityLog | None = None  # several gateways: the index shared through Redis
     flights: SingleFlight = None  # identical requests sharing one generation; built on `redis` when not given
     tally: StreamTally = field(default_factory=StreamTally)  # each output stream's work counted once here
     gateway_id: str = field(default_factory=new_gateway_id)  # this process, among several gateways
@@ -74,6 +76,8 @@ class GatewayState:
                 if gateway.shared_admission else Admission(**limits)
         if self.similarity is None and self.settings.merging.similarity_routing:
             self.similarity = SimilarityIndex(self.settings.merging)
+        if self.similarity is not None and self.shared and self.similarity_log is None:
+            self.similarity_log = SimilarityLog(self.redis, self.similarity, self.gateway_id)
 
     @property
     def shared(self) -> bool:

@@ -1,6 +1,7 @@
-"""Admission shared through Redis (gateway/shared_admission.py): two gateways' admissions on one real Redis hold
-one limit between them, per tier and per key; a gateway that stops beating (killed) has its slots dropped when
-its lease runs out; a lost Redis is never an exception other than a refusal."""
+"""What several gateways share through Redis, two gateways' parts on one real Redis. Admission
+(gateway/shared_admission.py): one limit between them, per tier and per key; a gateway that stops beating
+(killed) has its slots dropped when its lease runs out; a lost Redis is never an exception other than a
+refusal. Similarity routing (gateway/similarity_log.py): a prompt started on one is found on the other."""
 
 from __future__ import annotations
 
@@ -150,3 +151,34 @@ def test_without_redis_a_gateway_admits_its_share_and_refuses_the_rest():
 
     ticket, over, alone = asyncio.run(scenario())
     assert ticket is not None and over.status_code == 503 and alone.inflight == 0
+
+
+def test_a_prompt_started_on_one_gateway_is_found_similar_on_the_other(redis_url):
+    from gateway.similarity import SimilarityIndex
+    from gateway.similarity_log import SimilarityLog
+    from services.config import MergingSettings
+
+    prompt = list(range(100, 160))
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        a, b = (SimilarityLog(client, SimilarityIndex(MergingSettings()), f"gw-{index}") for index in range(2))
+        sketch = a.index.sketch(prompt)
+        a.index.add("cmpl-a", sketch, "salt")
+        await a.added("cmpl-a", sketch, "salt")
+        if a.index.note_worker("cmpl-a", "verify-cpu-0"):
+            await a.noted("cmpl-a", "verify-cpu-0")
+        follower = asyncio.create_task(b.follow())
+        query = b.index.sketch(prompt[:-1] + [7])
+        deadline = time.monotonic() + 30
+        while not b.index.most_similar(query, salt="salt"):
+            assert time.monotonic() < deadline, "the other gateway never learned of the prompt"
+            await asyncio.sleep(0.01)
+        follower.cancel()
+        found = b.index.most_similar(query, salt="salt")
+        await client.aclose()
+        return found, b.index.most_similar(query, salt=None)
+
+    found, other_salt = asyncio.run(scenario())
+    assert [(item.request_id, item.worker_id) for item in found] == [("cmpl-a", "verify-cpu-0")]
+    assert other_salt == []
