@@ -118,6 +118,11 @@ def answer_cancel_key(request_id: str) -> str:
     return f"{KEY_PREFIX}:answer-cancel:{request_id}"
 
 
+def work_counted_key(request_id: str) -> str:
+    """Single-flight across gateways: taken (SET NX) by the one gateway that counts a generation's drafting stats."""
+    return f"{KEY_PREFIX}:counted:{request_id}"
+
+
 def heartbeat_key(worker_id: str) -> str:
     return f"{KEY_PREFIX}:heartbeat:{worker_id}"
 

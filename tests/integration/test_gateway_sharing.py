@@ -182,3 +182,15 @@ def test_a_prompt_started_on_one_gateway_is_found_similar_on_the_other(redis_url
     found, other_salt = asyncio.run(scenario())
     assert [(item.request_id, item.worker_id) for item in found] == [("cmpl-a", "verify-cpu-0")]
     assert other_salt == []
+
+
+def test_a_generation_read_on_two_gateways_has_its_stats_counted_by_one(redis_url):
+    from gateway.stream_tally import claim_across_gateways
+
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        claims = [await claim_across_gateways(client, "cmpl-a") for _ in range(2)]
+        await client.aclose()
+        return claims
+
+    assert asyncio.run(scenario()) == [True, False]
