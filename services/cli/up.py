@@ -72,7 +72,8 @@ def up(
     described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])
     drafting = ("drafting for their own sessions (placement local)" if placement == "local"
                 else "and a draft worker (placement remote)" + (f" behind a link ({link.describe()})" if link else ""))
-    typer.echo(f"starting {f'{gateways} gateways' if gateways > 1 else 'gateway'} on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
+    front = f"{gateways} gateways" if gateways > 1 else "gateway"
+    typer.echo(f"starting {front} on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
                f"({settings.target}) {drafting}, and telemetry ...", err=True)
     try:
         supervisor, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
