@@ -42,6 +42,7 @@ class Ticket:
     tier: str
     key: object  # the API key id (None with auth off: no per-key limit applies)
     released: bool = False
+    id: str | None = None  # shared admission: its field in this gateway's slots in Redis
 
 
 @dataclass
@@ -70,6 +71,10 @@ class Admission:
     def _reject(self, message: str) -> Rejected:
         return Rejected(503, message, self.retry_after_s)
 
+    def _key_over_limit(self) -> Rejected:
+        return Rejected(429, f"this API key already has {self.max_inflight_per_key} requests in flight "
+                        "(gateway.max_inflight_per_key); retry when one finishes", self.retry_after_s)
+
     def _free_now(self, tier: str) -> bool:
         ahead = TIERS[:TIERS.index(tier) + 1] if tier in TIERS else TIERS  # this tier and those above it
         return self._has_room(tier) and not any(self.waiting.get(t) for t in ahead)
@@ -80,8 +85,7 @@ class Admission:
         if self.draining:
             return self._reject("server is shutting down; retry on another replica or shortly")
         if key is not None and self.max_inflight_per_key and self.per_key.get(key, 0) >= self.max_inflight_per_key:
-            return Rejected(429, f"this API key already has {self.max_inflight_per_key} requests in flight "
-                            "(gateway.max_inflight_per_key); retry when one finishes", self.retry_after_s)
+            return self._key_over_limit()
         if not self._free_now(tier) and (self.queued >= self.queue_limit or self.queue_timeout_s <= 0):
             return self._reject("server is at capacity; retry shortly")
         return None
@@ -95,6 +99,11 @@ class Admission:
         if self._free_now(tier):
             self._take(ticket)
             return ticket
+        return await self._wait(ticket)
+
+    async def _wait(self, ticket: Ticket) -> Ticket:
+        """In the queue until a slot is granted (_grant), the wait runs out or the gateway drains."""
+        tier = ticket.tier
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(tier, deque()).append((future, ticket))
         try:

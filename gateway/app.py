@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.generation import router as generation_router
 from gateway.refusal import EarlyAdmission
-from gateway.routes import router
+from gateway.routes import router, set_gauges
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
 from services.config import Settings, get_settings
@@ -48,10 +49,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # of the collector's sight, a burst's garbage collections stop walking it (pauses of 100s of ms at once).
         gc.collect()
         gc.freeze()
-        logger.info("gateway serving %s (context %d)", state.model.name, state.model.max_context)
+        logger.info("gateway serving %s (context %d)%s", state.model.name, state.model.max_context,
+                    f" as {state.gateway_id}, admission shared in Redis" if state.shared else "")
+        background = [asyncio.create_task(task) for task in (
+            state.admission.keep_lease() if state.shared else None,
+            state.similarity_log.follow() if state.similarity_log is not None else None,
+            keep_gauges(state) if state.metrics.multiprocess else None) if task is not None]
         try:
             yield
         finally:
+            for task in background:
+                task.cancel()
+            if state.shared:
+                await state.admission.leave()
             await state.redis.aclose()
             engine.dispose()
 
@@ -84,3 +94,11 @@ def warm_up(state: GatewayState) -> None:
     if getattr(tokenizer, "chat_template", None):
         encode_messages(tokenizer, [{"role": "user", "content": "warm-up"}])
     tokenizer.encode("warm-up")
+
+
+async def keep_gauges(state: GatewayState, every_s: float = 1.0) -> None:
+    """One of several processes on a port: the scrape that another answers sums this one's gauges as of now."""
+    while True:
+        set_gauges(state)
+        await asyncio.sleep(every_s)
+

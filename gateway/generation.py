@@ -27,7 +27,7 @@ from gateway.recovery import RequestLost
 from gateway.refusal import early_ticket
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.state import GatewayState
-from gateway.stream_tally import StreamShare
+from gateway.stream_tally import StreamShare, claim_across_gateways
 from gateway.streaming import AnswerCancelled, IncrementalText, RequestTimeout, read_output, sd_stats
 from gateway.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
@@ -111,8 +111,10 @@ async def _end(state: GatewayState, submitted: Submitted, chat: bool, share: Str
                num_tokens: int, started: float, first_token_at: float | None) -> None:
     """However the answer ended: the session cancelled or the flight left, metrics, a follower's row."""
     ended_it = await end_answer(state, submitted.flight, submitted.request_id, finished=finished)
-    _observe(state, submitted, chat, last, num_tokens, started, first_token_at,
-             count_work=(finished or ended_it) and share.claim_end())
+    count_work = (finished or ended_it) and share.claim_end()
+    if count_work and state.shared and submitted.flight is not None:  # its readers may be on other gateways
+        count_work = await claim_across_gateways(state.redis, submitted.source_id)
+    _observe(state, submitted, chat, last, num_tokens, started, first_token_at, count_work=count_work)
     if submitted.merged_into is not None:
         now = time.monotonic()
         first_at = datetime.now(timezone.utc) - timedelta(seconds=now - first_token_at) if first_token_at else None

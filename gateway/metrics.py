@@ -6,11 +6,14 @@ Names follow vLLM's (`vllm:` -> `mirror_sd:`), so existing dashboards map over.
 from __future__ import annotations
 
 import logging
+import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
 from gateway.live_stats import LiveStats
+from services.gateways import MULTIPROC_ENV
 from services.protocol import CHILD_STATES, ChildStatus, Heartbeat, RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -40,8 +43,11 @@ class GatewayMetrics:
         self.num_accepted_tokens_per_pos = Counter(
             "mirror_sd:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the block",
             ["position"], registry=r)
-        self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r)
-        self.queued = Gauge("mirror_sd:requests_waiting", "Requests waiting for an admission slot", registry=r)
+        # several gateway processes on one port: the live processes' sum
+        self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r,
+                              multiprocess_mode="livesum")
+        self.queued = Gauge("mirror_sd:requests_waiting", "Requests waiting for an admission slot", registry=r,
+                            multiprocess_mode="livesum")
         self.revived = Counter("mirror_sd:sessions_revived", "Sessions re-sent after their draft worker died",
                                registry=r)
         self.lost = Counter("mirror_sd:requests_lost", "Requests whose state Redis lost (ended with an error)",
@@ -58,6 +64,21 @@ class GatewayMetrics:
         self.single_flight_merged = Counter(
             "mirror_sd:single_flight_merged", "Requests answered from an identical request's generation in flight "
             "(single-flight followers)", registry=r)
+
+    @property
+    def multiprocess(self) -> bool:
+        """One of several gateway processes on one port (services/gateways.py): figures kept in files they share."""
+        return bool(os.environ.get(MULTIPROC_ENV))
+
+    def exposition(self) -> bytes:
+        """This process's figures; or, one of several gateway processes on a port, all of theirs summed (the
+        scrape sees the host's totals whichever process answers); the fleet's from Redis either way."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        registry.register(self.fleet)
+        return generate_latest(registry)
 
     def observe_finished(self, *, endpoint: str, finish_reason: str | None, prompt_tokens: int,
                          completion_tokens: int, ttft_s: float | None, total_s: float, event) -> None:

@@ -10,7 +10,7 @@ import logging
 import redis
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.auth import Caller, authenticate
 from gateway.errors import APIError
@@ -103,6 +103,8 @@ async def readiness(state: GatewayState) -> dict:
     if state.draining:  # SIGTERM: load balancers stop sending here while in-flight streams finish
         return {"ready": False, "draining": True, "inflight": state.inflight}
     checks: dict = {"redis": False, "draft_workers": 0, "verify_workers": 0, "model": state.model.name}
+    if state.shared:  # which of several gateways answered, and how many share the limits
+        checks.update(gateway=state.gateway_id, gateways=state.admission.live_gateways)
     try:
         checks["redis"] = bool(await state.redis.ping())
         beats = await live_workers(state, fresh=True)
@@ -142,15 +144,19 @@ async def version() -> dict:
     return {"version": __version__}
 
 
+def set_gauges(state: GatewayState) -> None:
+    state.metrics.inflight.set(state.inflight)
+    state.metrics.queued.set(state.admission.queued)
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = _state(request)
-    state.metrics.inflight.set(state.inflight)
-    state.metrics.queued.set(state.admission.queued)
+    set_gauges(state)
     try:  # the fleet's part comes from Redis; without it the gateway's own figures are still served
         state.metrics.fleet.beats = await live_workers(state, fresh=True)
         state.metrics.fleet.table = await current_table(state)
         state.metrics.fleet.children = decode_children(await state.redis.hgetall(CHILDREN_KEY))
     except redis.RedisError as exc:
         logger.warning("/metrics without the fleet's figures: %s", exc)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

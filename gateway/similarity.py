@@ -63,6 +63,11 @@ class SimilarityIndex:
         sketch.update_batch(shingles(token_ids, self.shingle_tokens))
         return sketch
 
+    def sketch_of(self, hashvalues) -> MinHash:
+        """A sketch from its hash values (another gateway's, gateway/similarity_log.py)."""
+        return MinHash(num_perm=self.num_perm, hashvalues=hashvalues, permutations=self._permutations,
+                       scheme=self._scheme)
+
     def most_similar(self, sketch: MinHash, *, salt: str | None = None) -> list[Similar]:
         """Recent prompts of the same cache salt, at least `threshold` similar, whose verify worker is known,
         most similar first."""
@@ -86,9 +91,12 @@ class SimilarityIndex:
             oldest, _ = self._entries.popitem(last=False)
             self._lsh.remove(oldest)
 
-    def note_worker(self, request_id: str, worker_id: str) -> None:
-        """The verify worker that committed the request's latest round (where its KV is now)."""
+    def note_worker(self, request_id: str, worker_id: str) -> bool:
+        """The verify worker that committed the request's latest round (where its KV is now). True when that
+        is news."""
         entry = self._entries.get(request_id)
         if entry is not None and worker_id and entry.worker_id != worker_id:
             entry.worker_id = worker_id
             self._entries.move_to_end(request_id)  # in use: the last to be forgotten
+            return True
+        return False

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -12,7 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.admission import Admission
 from gateway.cache import Cached
+from gateway.shared_admission import SharedAdmission
 from gateway.similarity import SimilarityIndex
+from gateway.similarity_log import SimilarityLog
 from gateway.single_flight import SingleFlight
 from gateway.stream_tally import StreamTally
 from services.config import Settings
@@ -21,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 WORKERS_CACHE_S = 1.0  # the gateway asks per request which workers are alive
 TABLE_CACHE_S = 0.5  # new routing reaches new sessions well within 2 s
+
+
+def new_gateway_id() -> str:
+    """Host, pid and a few random digits: a restarted process is a new gateway (its predecessor's slots expire)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -48,19 +58,31 @@ class GatewayState:
     wrr_state: dict[str, float] = field(default_factory=dict)  # smooth weighted round-robin over pools
     dashboard_cache: Cached = field(default_factory=lambda: Cached(0.5))  # /v1/dashboard (SNAPSHOT_CACHE_S)
     similarity: SimilarityIndex | None = None  # recent prompts, for cache-affinity routing (None: off)
+    similarity_log: SimilarityLog | None = None  # several gateways: the index shared through Redis
     flights: SingleFlight = None  # identical requests sharing one generation; built on `redis` when not given
     tally: StreamTally = field(default_factory=StreamTally)  # each output stream's work counted once here
+    gateway_id: str = field(default_factory=new_gateway_id)  # this process, among several gateways
 
     def __post_init__(self) -> None:
         if self.flights is None:
             self.flights = SingleFlight(self.redis)
         if self.admission is None:
             gateway = self.settings.gateway
-            self.admission = Admission(max_inflight=gateway.max_inflight, queue_limit=gateway.queue_limit,
-                                       queue_timeout_s=gateway.queue_timeout_s, tier_share=dict(gateway.tier_share),
-                                       max_inflight_per_key=gateway.max_inflight_per_key)
+            limits = dict(max_inflight=gateway.max_inflight, queue_limit=gateway.queue_limit,
+                          queue_timeout_s=gateway.queue_timeout_s, tier_share=dict(gateway.tier_share),
+                          max_inflight_per_key=gateway.max_inflight_per_key)
+            self.admission = SharedAdmission(**limits, redis=self.redis, gateway_id=self.gateway_id,
+                                             lease_s=gateway.admission_lease_s) \
+                if gateway.shared_admission else Admission(**limits)
         if self.similarity is None and self.settings.merging.similarity_routing:
             self.similarity = SimilarityIndex(self.settings.merging)
+        if self.similarity is not None and self.shared and self.similarity_log is None:
+            self.similarity_log = SimilarityLog(self.redis, self.similarity, self.gateway_id)
+
+    @property
+    def shared(self) -> bool:
+        """One of several gateways: admission (and similarity routing) shared through Redis."""
+        return isinstance(self.admission, SharedAdmission)
 
     @property
     def inflight(self) -> int:

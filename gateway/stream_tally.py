@@ -3,7 +3,9 @@
 With single-flight several readers in one gateway read the same stream. Tokens/s counts an event's
 tokens when the first of them reads it, so a leader whose client left early hands the counting to the
 readers still there. The generation's speculative-decoding stats (cumulative in its last event) are
-claimed once: by the first reader that saw it end, or that ended it as its last subscriber.
+claimed once: by the first reader that saw it end, or that ended it as its last subscriber; with several
+gateways, by the first of them too (claim_across_gateways). Tokens/s stays per gateway: each counts what its
+own clients read.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+import redis
+
+from services.protocol import work_counted_key
+from services.redis_client import REQUEST_TTL_S
 
 logger = logging.getLogger(__name__)
 
@@ -63,3 +70,14 @@ class StreamTally:
 
     def __len__(self) -> int:
         return len(self._streams)
+
+
+async def claim_across_gateways(client, request_id: str) -> bool:
+    """True for the one gateway that counts the generation `request_id`'s stats (a SET NX); True too when Redis
+    cannot tell (counted twice rather than never)."""
+    try:
+        return bool(await client.set(work_counted_key(request_id), b"1", nx=True, ex=REQUEST_TTL_S))
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("request %s: counting its stats here, Redis could not say who does (%s)", request_id, exc)
+        return True
+

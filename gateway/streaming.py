@@ -106,8 +106,9 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
                 if event is None:
                     continue
                 last_progress = time.monotonic()
-                if state.similarity is not None and event.worker_id:
-                    state.similarity.note_worker(request_id, event.worker_id)
+                if state.similarity is not None and event.worker_id and \
+                        state.similarity.note_worker(request_id, event.worker_id) and state.similarity_log is not None:
+                    await state.similarity_log.noted(request_id, event.worker_id)
                 # tokens/s as they arrive, not when a long request ends; once however many read them
                 if state.metrics is not None and (share is None or share.first_sight(event.seq)):
                     state.metrics.live.add_tokens(len(event.token_ids))

@@ -221,6 +221,8 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
     await start(state, spec)
     if sketch is not None:
         state.similarity.add(request_id, sketch, params.cache_salt)
+        if state.similarity_log is not None:
+            await state.similarity_log.added(request_id, sketch, params.cache_salt)
     if similar is not None and state.metrics is not None:
         state.metrics.affinity_routed.inc()
     logger.info("request %s: %s, %d prompt tokens, max %d new, pool %s (drafts %s), route %s, priority %s%s",

@@ -147,6 +147,11 @@ class GatewaySettings(BaseModel):
     max_inflight_per_key: int = Field(0, ge=0, description="requests in flight per API key before 429 (0: none)")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
     redis_pool_timeout_s: float = Field(10.0, gt=0, description="wait for a free Redis connection before 503")
+    shared_admission: bool = Field(False, description="several gateways: count in-flight slots (per tier, per "
+                                   "key) in Redis so the limits hold across all of them; `gateway --workers N` and "
+                                   "`up --gateways N` set it")
+    admission_lease_s: float = Field(10.0, gt=0, description="shared admission: a gateway that stops renewing its "
+                                     "lease this long (killed) has its slots dropped")
 
 
 class TelemetrySettings(BaseModel):

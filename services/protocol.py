@@ -118,11 +118,30 @@ def answer_cancel_key(request_id: str) -> str:
     return f"{KEY_PREFIX}:answer-cancel:{request_id}"
 
 
+def work_counted_key(request_id: str) -> str:
+    """Single-flight across gateways: taken (SET NX) by the one gateway that counts a generation's drafting stats."""
+    return f"{KEY_PREFIX}:counted:{request_id}"
+
+
 def heartbeat_key(worker_id: str) -> str:
     return f"{KEY_PREFIX}:heartbeat:{worker_id}"
 
 
 HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
+
+# Several gateways sharing admission (gateway/shared_admission.py): the live gateways (a sorted set, id -> lease
+# expiry in ms on Redis's clock) and each one's slots (a hash, ticket -> API key id or '').
+GATEWAYS_KEY = f"{KEY_PREFIX}:gateways"
+ADMISSION_SLOTS_PREFIX = f"{KEY_PREFIX}:admission:"
+
+
+def admission_slots_key(gateway_id: str) -> str:
+    return f"{ADMISSION_SLOTS_PREFIX}{gateway_id}"
+
+
+# Several gateways sharing similarity routing (gateway/similarity_log.py): recent prompts' sketches and the verify
+# worker each went to, a capped stream every gateway tails into its own index.
+SIMILARITY_LOG_KEY = f"{KEY_PREFIX}:similarity:log"
 
 # Recent per-round transport in ms (round trip minus the verify worker's time and the draft driver's time
 # elsewhere, on the draft worker's clock: services/link/meter.py), newest first, capped.

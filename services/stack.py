@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from services.config import CrashedDraft
+from services.gateways import GatewayGroup
 from services.link.child import link_child, wait_listening
 from services.link.spec import LinkSpec
 from services.models.drafters.factory import FALLBACK_DRAFT, is_model_draft, resolve_draft_spec
@@ -124,9 +125,10 @@ def pool_commands(pools: list[VerifyPool], *, verify_threads: int) -> dict[str, 
 
 
 def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_workers: int = 1,
-               stop: threading.Event | None = None) -> None:
-    """Ready = /readyz says so and every verify worker heartbeats (so every pool can take sessions). A child
-    that dies meanwhile is restarted; one that keeps dying (marked failed) ends the start-up, naming it."""
+               stop: threading.Event | None = None, gateways: int = 1) -> None:
+    """Ready = /readyz says so, every verify worker heartbeats (so every pool can take sessions) and every gateway
+    shares the admission count. A child that dies meanwhile is restarted; one that keeps dying (marked failed)
+    ends the start-up, naming it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if stop is not None and stop.is_set():
@@ -139,7 +141,8 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_w
             raise RuntimeError("; ".join(child.detail for child in supervisor.failed()) + " during start-up")
         try:
             answer = httpx.get(f"{base_url}/readyz", timeout=2)
-            if answer.status_code == 200 and answer.json().get("verify_workers", 0) >= verify_workers:
+            ready = answer.json() if answer.status_code == 200 else {}
+            if ready.get("verify_workers", 0) >= verify_workers and ready.get("gateways", 1) >= gateways:
                 return
         except (httpx.HTTPError, ValueError):
             pass
@@ -191,9 +194,10 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
                 pin: bool = False, verify_pools: list[VerifyPool] | None = None,
                 stop: threading.Event | None = None,
                 placement: str = "remote",
-                draft_link: LinkSpec | None = None) -> tuple[Supervisor, PrivateRedis | None]:
+                draft_link: LinkSpec | None = None, gateways: int = 1) -> tuple[Supervisor, PrivateRedis | None]:
     """placement (choose_placement's): local starts no draft worker, and the verify workers draft for their
-    own sessions on every core. draft_link: the draft worker reaches Redis through a link child."""
+    own sessions on every core. draft_link: the draft worker reaches Redis through a link child. gateways:
+    gateway processes on the port (services/gateways.py)."""
     if draft_link is not None and placement == "local":
         raise ValueError("a draft link needs draft workers, and placement local has none")
     private = None
@@ -229,10 +233,15 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
         commands = {**{name: [*command, *placed] for name, command in pool_commands(
             verify_pools, verify_threads=max(1, verify_threads // num_verify)).items()}, **commands}
     pins = pinned_cores(list(commands), usable) if pin and not local else {}  # local: no draft core to set apart
-    grace = {"gateway": get_settings().gateway.drain_timeout_s + 10}
-    children = {name: Child(name, command, child_env, affinity=pins.get(name),
-                            log_path=log_dir / f"{name}.log" if log_dir else None, grace_s=grace.get(name, 15.0),
-                            essential=name == "gateway")
+    group = GatewayGroup(gateways)
+    envs = {name: child_env for name in commands}
+    for name, (command, env) in group.children(commands.pop("gateway"), child_env).items():
+        commands[name], envs[name] = command, env
+    gateway_grace_s = get_settings().gateway.drain_timeout_s + 10
+    children = {name: Child(name, command, envs[name], affinity=pins.get(name),
+                            log_path=log_dir / f"{name}.log" if log_dir else None,
+                            grace_s=gateway_grace_s if name.startswith("gateway") else 15.0,
+                            essential=name.startswith("gateway"))
                 for name, command in commands.items()}
     if model_draft and get_settings().worker.draft_fallback:  # whoever drafts: a crash at start falls back
         for name in children if local else ["draft-worker"]:
@@ -243,7 +252,12 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
         link, linked_url = link_child(draft_link, redis_url, child_env, log_dir)
         children["draft-worker"].env = {**child_env, "MIRROR_SD_REDIS_URL": linked_url}
     publisher = ChildPublisher(redis_url)
-    supervisor = Supervisor(children, on_change=lambda _: publisher.publish(supervisor.children.values()))
+
+    def on_change(child: Child | None) -> None:
+        group.on_change(child)
+        publisher.publish(supervisor.children.values())
+
+    supervisor = Supervisor(children, on_change=on_change, on_stopped=[group.close])
     if private is not None:
         redis_child.essential = True
     supervisor.children = {**({"redis": redis_child} if private else {}), **({"link": link} if link else {}),
@@ -253,7 +267,8 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
             link.start()
             wait_listening(linked_url, link.process)
         supervisor.start(skip=("redis", "link"))
-        wait_ready(f"http://127.0.0.1:{port}", supervisor, ready_timeout_s, verify_workers=num_verify, stop=stop)
+        wait_ready(f"http://127.0.0.1:{port}", supervisor, ready_timeout_s, verify_workers=num_verify, stop=stop,
+                   gateways=gateways)
     except BaseException:
         supervisor.stop(grace_s=5)
         if private is not None:

@@ -158,6 +158,7 @@ class Supervisor:
     fallback_after: int = 2  # crash-signal deaths at start before a child's fallback is applied
     base_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
+    on_stopped: list[Callable[[], None]] = field(default_factory=list)  # clean-ups once every child is stopped
     _stopping: bool = field(default=False, init=False)
 
     def start(self, skip: tuple[str, ...] = ()) -> None:
@@ -267,6 +268,8 @@ class Supervisor:
                     child.process.kill()
                     child.process.wait(timeout=10)
                 child.state = "stopped"
+        for clean_up in self.on_stopped:
+            clean_up()
 
     def kill_all(self) -> None:
         """A second Ctrl-C: no more waiting."""
@@ -278,3 +281,39 @@ class Supervisor:
 
 class GaveUp(RuntimeError):
     """An essential child failed at start-up again and again: restarting it will not help."""
+
+
+class StopSignals:
+    """SIGINT and SIGTERM set `stop`; a second one kills every child of `supervisor` at once (no more waiting)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.received: list[int] = []
+        self.supervisor: Supervisor | None = None
+
+    def install(self) -> "StopSignals":
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.received.append(signum)
+        if len(self.received) > 1 and self.supervisor is not None:
+            self.supervisor.kill_all()
+        self.stop.set()
+
+
+def supervise(supervisor: Supervisor, stop: threading.Event, *, publish_every_s: float = 2.0) -> GaveUp | None:
+    """Restart dying children until `stop` is set, publishing their states every few seconds (they expire in
+    Redis unless refreshed: a dead supervisor leaves none). Returns why it gave up when an essential child
+    failed, else None; stopping the children is the caller's."""
+    published = 0.0
+    try:
+        while not stop.wait(0.5):
+            supervisor.check()  # restarts a child that died; marks one that keeps failing at start
+            if time.monotonic() - published > publish_every_s:
+                supervisor.publish()
+                published = time.monotonic()
+    except GaveUp as exc:
+        return exc
+    return None

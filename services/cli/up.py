@@ -34,31 +34,19 @@ def up(
         "--draft-link", metavar="RTT_MS[:JITTER_MS]", help="drafts at the edge: the draft worker reaches Redis "
         "(and its Celery broker) through a link that adds RTT_MS to every round trip, plus a random 0..JITTER_MS, "
         "e.g. 20 or 20:5. Needs a draft worker: placement auto becomes remote, local is refused")] = None,
+    gateways: Annotated[int, typer.Option(min=1, help="gateway processes on the port (SO_REUSEPORT), sharing "
+                                          "admission limits through Redis (docs/operations.md)")] = 1,
 ) -> None:
     """Run the local stack (gateway, draft worker, verify workers, telemetry) with the built-in model until Ctrl-C."""
-    import signal as signal_lib
-    import threading
-    import time
-
     from services.config import get_settings
     from services.pools import fallback_pool, parse_verify_pools
     from services.stack import choose_placement, start_stack
-    from services.supervisor import GaveUp
+    from services.supervisor import StopSignals, supervise
     from services.storage.db import init_db
 
-    stop = threading.Event()
-    signals = []
-
-    def on_signal(signum, _frame) -> None:
-        signals.append(signum)
-        if len(signals) > 1 and supervisor_box:  # a second Ctrl-C: no more waiting
-            supervisor_box[0].kill_all()
-        stop.set()
-
+    signals = StopSignals().install()  # a second Ctrl-C: no more waiting
+    stop = signals.stop
     link = _parse_draft_link(draft_link, draft_placement)
-    supervisor_box: list = []
-    for signum in (signal_lib.SIGINT, signal_lib.SIGTERM):
-        signal_lib.signal(signum, on_signal)
     pools = None
     if accelerator_pools and not verify_pools:
         fail("--accelerator-pools names pools of --verify-pools; give --verify-pools too (e.g. accel=1,cpu=1)")
@@ -84,16 +72,18 @@ def up(
     described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])
     drafting = ("drafting for their own sessions (placement local)" if placement == "local"
                 else "and a draft worker (placement remote)" + (f" behind a link ({link.describe()})" if link else ""))
-    typer.echo(f"starting gateway on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
+    front = f"{gateways} gateways" if gateways > 1 else "gateway"
+    typer.echo(f"starting {front} on :{port}, verify workers {described or 'on ' + settings.worker.pool} "
                f"({settings.target}) {drafting}, and telemetry ...", err=True)
     try:
         supervisor, private = start_stack(redis_url=settings.redis_url, port=port, draft=settings.draft, pin=pin,
-                                          verify_pools=pools, stop=stop, placement=placement, draft_link=link)
+                                          verify_pools=pools, stop=stop, placement=placement, draft_link=link,
+                                          gateways=gateways)
     except RuntimeError as exc:
         if stop.is_set():
             raise typer.Exit(0) from None  # Ctrl-C while starting: stopped, as asked
         fail(str(exc))
-    supervisor_box.append(supervisor)
+    signals.supervisor = supervisor
     if private is not None:  # other shells' mirror-sd status / telemetry commands must find this Redis
         typer.echo(f"private Redis at {private.url}: in another shell, export MIRROR_SD_REDIS_URL={private.url}",
                    err=True)
@@ -106,16 +96,11 @@ def up(
         err=True,
     )
     code = 0
-    published = 0.0
     try:
-        while not stop.wait(0.5):
-            supervisor.check()  # restarts a child that died; marks one that keeps failing at start
-            if time.monotonic() - published > 2.0:
-                supervisor.publish()  # the states expire in Redis unless refreshed: a dead `up` leaves none
-                published = time.monotonic()
-    except GaveUp as exc:
-        typer.echo(f"{exc}; stopping the stack", err=True)
-        code = 1
+        gave_up = supervise(supervisor, stop)
+        if gave_up is not None:
+            typer.echo(f"{gave_up}; stopping the stack", err=True)
+            code = 1
     finally:
         typer.echo("stopping: the gateway drains its streams first ...", err=True)
         supervisor.stop()

@@ -25,7 +25,8 @@ TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
 class Stack:
     def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
                  draft_concurrency: int = 8, auth: bool = True, verify_pools: list[str] | None = None,
-                 telemetry: bool = False, env: dict[str, str] | None = None, redis_url: str | None = None) -> None:
+                 telemetry: bool = False, env: dict[str, str] | None = None, redis_url: str | None = None,
+                 gateway_args: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.pool = pool
         self.port = free_port()
@@ -49,6 +50,7 @@ class Stack:
         self.verify_ids = [f"verify-{verify_pool}-{index}" for index, verify_pool in enumerate(pools)]
         self.verify_pool_of = dict(zip(self.verify_ids, pools))
         self.telemetry = telemetry
+        self.gateway_args = list(gateway_args)  # e.g. --workers 2
         self.processes: dict[str, subprocess.Popen] = {}
         self.redis = connect(self.redis_url)
         self.db = None
@@ -73,7 +75,7 @@ class Stack:
         for worker_id in self.verify_ids:
             self.spawn_verify(worker_id)
         self._spawn("draft-worker", [*commands["draft-worker"], "--worker-id", f"draft-{self.pool}"])
-        self._spawn("gateway", commands["gateway"])
+        self._spawn("gateway", [*commands["gateway"], *self.gateway_args])
         if self.telemetry:
             self._spawn("telemetry", commands["telemetry"])
         self.wait_ready(timeout_s)
