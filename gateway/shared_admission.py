@@ -34,6 +34,10 @@ from services.protocol import ADMISSION_SLOTS_PREFIX, GATEWAYS_KEY, admission_sl
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.02  # a waiting head asks again this often: slots freed on other gateways tell it nothing
+# After Redis answers "full" for a tier, the tier counts as full here for this long (unless a slot frees on
+# this gateway): a burst's refusals then cost a counter check, as with one gateway, not a Redis round trip
+# each. A slot freed on another gateway meanwhile is seen at most this late (the refused got Retry-After).
+FULL_HINT_S = 0.05
 CLAIM_TIMEOUT_S = 1.0  # longer, and Redis is taken for away: the gateway admits on its own
 OUTAGE_LOG_S = 10.0
 
@@ -105,6 +109,7 @@ class SharedAdmission(Admission):
     _tasks: set = field(default_factory=set)
     _granting: asyncio.Task | None = None
     _outage_logged: float = 0.0
+    _full_until: dict[str, float] = field(default_factory=dict)  # tier -> monotonic time (FULL_HINT_S)
 
     def __post_init__(self) -> None:
         self._claim_script = self.redis.register_script(_CLAIM_LUA)
@@ -118,8 +123,11 @@ class SharedAdmission(Admission):
     def _lease_ms(self) -> int:
         return int(self.lease_s * 1000)
 
+    def _has_room(self, tier: str) -> bool:
+        return super()._has_room(tier) and time.monotonic() >= self._full_until.get(tier, 0.0)
+
     async def acquire(self, tier: str, key: object = None) -> Ticket:
-        refused = self.refusal(tier, key)  # on this gateway's own counts: part of the total
+        refused = self.refusal(tier, key)  # on this gateway's own counts (part of the total) and hints
         if refused is not None:
             raise refused
         ticket = Ticket(tier, key)
@@ -153,6 +161,7 @@ class SharedAdmission(Admission):
             return None
         if int(outcome) == _KEY_FULL:
             return self._key_over_limit()
+        self._full_until[ticket.tier] = time.monotonic() + FULL_HINT_S
         return self._reject("server is at capacity; retry shortly")
 
     def _alone(self, ticket: Ticket) -> int:
@@ -171,6 +180,7 @@ class SharedAdmission(Admission):
         if ticket.released:
             return
         super().release(ticket)
+        self._full_until.clear()  # a slot is free again, here at least
         self.held.pop(ticket.id, None)
         self._spawn(self._give_back(ticket.id))
 

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.admission import Rejected
-from gateway.shared_admission import SharedAdmission
+from gateway.shared_admission import FULL_HINT_S, SharedAdmission
 from services.protocol import GATEWAYS_KEY
 from tests.integration.fleet import empty_redis
 from tests.integration.stack import TEST_REDIS
@@ -52,6 +52,7 @@ def test_two_gateways_hold_one_limit_between_them(redis_url):
         full = await refused(b)  # b holds 1 of its own: only the shared count says it is full
         a.release(first)
         await settle(a)
+        await asyncio.sleep(FULL_HINT_S)  # b takes "full" for an answer this long
         again = await b.acquire("high")
         await a.beat()
         total = a.total_inflight
@@ -61,6 +62,33 @@ def test_two_gateways_hold_one_limit_between_them(redis_url):
     full, again, total = asyncio.run(scenario())
     assert full.status_code == 503 and full.retry_after_s >= 1 and "capacity" in full.message
     assert again is not None and total == 2
+
+
+def test_a_full_answer_is_kept_briefly_so_a_bursts_refusals_skip_redis(redis_url):
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        a, b = gateways(client)
+        await a.acquire("high")
+        await a.acquire("high")
+        asked = []
+        claim = b._claim_script
+
+        async def counted(**kwargs):
+            asked.append(1)
+            return await claim(**kwargs)
+
+        b._claim_script = counted
+        burst = [await refused(b) for _ in range(50)]
+        early = b.refusal("high")  # what the layer in front of the routes asks, before reading a body
+        after_burst = len(asked)
+        await asyncio.sleep(FULL_HINT_S)
+        await refused(b)
+        await client.aclose()
+        return burst, early, after_burst, len(asked)
+
+    burst, early, after_burst, after_hint = asyncio.run(scenario())
+    assert all(r.status_code == 503 for r in burst) and early is not None and early.status_code == 503
+    assert after_burst == 1 and after_hint == 2  # one question for the burst, one once the hint ran out
 
 
 def test_tier_shares_and_per_key_limits_hold_across_gateways(redis_url):
