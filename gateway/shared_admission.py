@@ -124,7 +124,11 @@ class SharedAdmission(Admission):
         return int(self.lease_s * 1000)
 
     def _has_room(self, tier: str) -> bool:
-        return super()._has_room(tier) and time.monotonic() >= self._full_until.get(tier, 0.0)
+        """Room on what this gateway knows: its slots and its claims on their way to Redis (either may be
+        a slot of the total), and no recent "full" from Redis. A burst's requests beyond the limit are then
+        refused here at once, in front of the routes, instead of each asking Redis."""
+        return self.inflight + len(self.pending) < self.limit(tier) and \
+            time.monotonic() >= self._full_until.get(tier, 0.0)
 
     async def acquire(self, tier: str, key: object = None) -> Ticket:
         refused = self.refusal(tier, key)  # on this gateway's own counts (part of the total) and hints

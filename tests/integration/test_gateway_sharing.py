@@ -91,6 +91,28 @@ def test_a_full_answer_is_kept_briefly_so_a_bursts_refusals_skip_redis(redis_url
     assert after_burst == 1 and after_hint == 2  # one question for the burst, one once the hint ran out
 
 
+def test_claims_on_their_way_count_so_a_burst_asks_redis_at_most_the_limit(redis_url):
+    async def scenario():
+        client = aioredis.Redis.from_url(redis_url)
+        (a,) = gateways(client, count=1)
+        asked = []
+        claim = a._claim_script
+
+        async def counted(**kwargs):
+            asked.append(1)
+            return await claim(**kwargs)
+
+        a._claim_script = counted
+        outcomes = await asyncio.gather(*(a.acquire("high") for _ in range(20)), return_exceptions=True)
+        await client.aclose()
+        return outcomes, len(asked)
+
+    outcomes, asked = asyncio.run(scenario())
+    taken = [o for o in outcomes if not isinstance(o, Rejected)]
+    assert len(taken) == 2 and all(o.status_code == 503 for o in outcomes if isinstance(o, Rejected))
+    assert asked == 2  # the other 18 were refused on the two claims under way, without a round trip
+
+
 def test_tier_shares_and_per_key_limits_hold_across_gateways(redis_url):
     async def scenario():
         client = aioredis.Redis.from_url(redis_url)
