@@ -16,7 +16,8 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 POOL_NAME = re.compile(r"^[a-z0-9_-]+$")  # WorkerSettings.pool's pattern
-DECLARED_KIND = "accelerator"  # telemetry.rules.ACCELERATORS includes it
+DECLARED_KIND = "accelerator"
+ACCELERATORS = ("cuda", "gpu", "accelerator")  # device kinds the thermal rule watches (GPU temperatures)
 MAX_WORKERS_PER_POOL = 16
 
 

@@ -7,7 +7,16 @@ import logging
 import redis
 
 from services import protocol
-from services.protocol import CHILDREN_KEY, HEARTBEAT_PATTERN, ChildStatus, Heartbeat, OutputEvent, ProtocolError
+from services.protocol import (
+    CHILDREN_KEY,
+    HEARTBEAT_PATTERN,
+    ROUTING_TABLE_KEY,
+    ChildStatus,
+    Heartbeat,
+    OutputEvent,
+    ProtocolError,
+    RoutingTable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +76,12 @@ def decode_children(raw: dict) -> list[ChildStatus]:
 def read_children(client: redis.Redis) -> list[ChildStatus]:
     """What `mirror-sd up`'s supervisor last published of its children (empty: no supervisor, e.g. compose)."""
     return decode_children(client.hgetall(CHILDREN_KEY))
+
+
+def read_routing_table(client: redis.Redis) -> RoutingTable | None:
+    """The telemetry service's latest routing table (None before its first)."""
+    raw = client.get(ROUTING_TABLE_KEY)
+    return RoutingTable.decode(raw) if raw is not None else None
 
 
 def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:

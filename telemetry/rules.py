@@ -18,11 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from services.config import TelemetrySettings
+from services.pools import ACCELERATORS
 from services.protocol import Heartbeat, RoutingTable
 
 logger = logging.getLogger(__name__)
-
-ACCELERATORS = ("cuda", "gpu", "accelerator")
 
 
 @dataclass(frozen=True)

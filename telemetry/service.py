@@ -9,18 +9,13 @@ import time
 import redis
 
 from services.config import Settings
-from services.protocol import ROUTING_HISTORY_KEY, ROUTING_HISTORY_LEN, ROUTING_TABLE_KEY, Heartbeat, RoutingTable
-from services.redis_client import read_heartbeats
+from services.protocol import ROUTING_HISTORY_KEY, ROUTING_HISTORY_LEN, ROUTING_TABLE_KEY, Heartbeat
+from services.redis_client import read_heartbeats, read_routing_table
 from services.storage import crud
 from telemetry.metrics import TelemetryMetrics
 from telemetry.rules import RuleEvent, evaluate
 
 logger = logging.getLogger(__name__)
-
-
-def read_routing_table(client: redis.Redis) -> RoutingTable | None:
-    raw = client.get(ROUTING_TABLE_KEY)
-    return RoutingTable.decode(raw) if raw is not None else None
 
 
 class TelemetryService:

@@ -12,6 +12,7 @@ import torch
 from services.bench.prompts import DEV_PROMPTS_PATH
 from services.models.loading import LoadedModel
 from services.models.precision import apply_precision
+from tests.redis_dbs import DATABASES
 
 torch.set_num_threads(int(os.environ.get("MIRROR_SD_TEST_THREADS", "2")))
 
@@ -105,3 +106,10 @@ def load_dev_prompts() -> list[dict]:
 @pytest.fixture(scope="session")
 def dev_prompts() -> list[dict]:
     return load_dev_prompts()
+
+
+@pytest.fixture
+def redis_url():
+    """A test Redis database of this test's own, empty (tests/redis_dbs.py hands them out)."""
+    with DATABASES.lease() as url:
+        yield url

@@ -40,10 +40,10 @@ from services import protocol
 from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
+from services.probes import apply_override, read_device
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
 from services.redis_client import REQUEST_TTL_S, RoundCommitter
 from services.speculative.chaining import chain_holds
-from telemetry.probes import apply_override, read_device
 from verify_worker.committed import CommittedEvents
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting

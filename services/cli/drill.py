@@ -46,7 +46,7 @@ def chaos(
     from services.config import get_settings
     from services.redis_conn import connect
     from services.redis_url import is_sentinel, redacted
-    from telemetry.chaos import run_chaos
+    from services.drills.chaos import run_chaos
 
     chosen_roles = tuple(role.strip() for role in roles.split(",") if role.strip())
     bad = [role for role in chosen_roles if role not in ROLES]
@@ -107,7 +107,7 @@ def burst(
     """Send N requests at once: every answer must be 200, 503 or 429 with Retry-After; report how fast the
     refusals came."""
     from services.config import get_settings
-    from telemetry.burst import run_burst
+    from services.drills.burst import run_burst
 
     if requests < 1 or max_tokens < 1:
         fail("--requests and --max-tokens must be >= 1")

@@ -18,10 +18,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     from services.config import get_settings
     from services.link.control import read_link
     from services.protocol import DRAFT_LINK
-    from services.redis_client import read_children, read_heartbeats
+    from services.redis_client import read_children, read_heartbeats, read_routing_table
     from services.redis_conn import connect, describe_redis
     from services.synthetic import worker_synthetic
-    from telemetry.service import read_routing_table
 
     url = get_settings().redis_url
     client = connect(url)

@@ -81,7 +81,7 @@ def telemetry_drill(
     time the way back."""
     from services.config import get_settings
     from services.redis_conn import connect
-    from telemetry.drill import run_drill
+    from services.drills.thermal import run_drill
     from telemetry.main import parse_duration
 
     settings = get_settings()

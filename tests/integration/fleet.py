@@ -17,6 +17,7 @@ from services.models.engine import TorchEngine
 from services.models.drafters import DraftSource
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, request_key, verify_pool_queue
 from services.redis_client import read_events
+from tests.redis_dbs import DATABASES
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.worker import VerifyWorker
 
@@ -126,13 +127,7 @@ def behind_link(client: redis.Redis, rtt_ms: float) -> Iterator[redis.Redis]:
 
 
 @contextmanager
-def empty_redis(db: int) -> Iterator[redis.Redis]:
-    """The test Redis database `db`, emptied before and after."""
-    from tests.integration.stack import TEST_REDIS
-
-    connection = redis.Redis.from_url(f"{TEST_REDIS}/{db}")
-    connection.flushdb()
-    try:
-        yield connection
-    finally:
-        connection.flushdb()
+def empty_redis() -> Iterator[redis.Redis]:
+    """A test Redis database of its own (tests/redis_dbs.py), empty, emptied again after."""
+    with DATABASES.lease() as url:
+        yield redis.Redis.from_url(url)

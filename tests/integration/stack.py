@@ -18,12 +18,10 @@ from services.redis_conn import connect
 from services.stack import child_commands, free_port, stop_children
 from services.storage import crud
 from services.storage.db import init_db, session_factory
-
-TEST_REDIS = os.environ.get("MIRROR_SD_TEST_REDIS", "redis://127.0.0.1:6379")
-
+from tests.redis_dbs import DATABASES
 
 class Stack:
-    def __init__(self, workdir: Path, *, redis_db: int, pool: str = "cpu", verify_workers: int = 2,
+    def __init__(self, workdir: Path, *, pool: str = "cpu", verify_workers: int = 2,
                  draft_concurrency: int = 8, auth: bool = True, verify_pools: list[str] | None = None,
                  telemetry: bool = False, env: dict[str, str] | None = None, redis_url: str | None = None,
                  gateway_args: tuple[str, ...] = ()) -> None:
@@ -32,7 +30,8 @@ class Stack:
         self.port = free_port()
         self.telemetry_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.redis_url = redis_url or f"{TEST_REDIS}/{redis_db}"
+        self.leased = None if redis_url else DATABASES.take()  # a database of its own (tests/redis_dbs.py)
+        self.redis_url = redis_url or self.leased
         self.database_url = f"sqlite:///{workdir / 'mirror-sd.db'}"
         self.env = {
             **os.environ,
@@ -121,6 +120,8 @@ class Stack:
     def stop(self) -> None:
         stop_children(self.processes)
         self.redis.flushdb()
+        if self.leased:
+            DATABASES.give_back(self.leased)
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict | str]:

@@ -35,7 +35,7 @@ def test_a_burst_over_the_limit_gets_503_with_retry_after_and_nothing_else(front
 
 
 def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(front_door_stack):
-    from telemetry.burst import run_burst
+    from services.drills.burst import run_burst
 
     report = run_burst(front_door_stack.base_url, model="smollm2-135m", count=300, max_tokens=2)
     assert report.only_expected, (report.statuses, report.errors, report.missing_retry_after)

@@ -27,7 +27,7 @@ def target():
 
 @pytest.fixture
 def client():
-    with empty_redis(11) as connection:
+    with empty_redis() as connection:
         yield connection
 
 

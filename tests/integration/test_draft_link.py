@@ -22,10 +22,8 @@ from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY, Heartbeat
 from services.redis_client import read_heartbeats
 from services.stack import free_port
-from tests.integration.stack import TEST_REDIS, assert_up_stops_cleanly
-
-REDIS_DB = 1
-REDIS_URL = f"{TEST_REDIS}/{REDIS_DB}"
+from tests.integration.stack import assert_up_stops_cleanly
+from tests.redis_dbs import DATABASES
 
 
 def _cli(*args: str) -> list[str]:
@@ -43,16 +41,17 @@ def _ping_ms(client: redis.Redis, times: int = 5) -> float:
 
 @pytest.fixture()
 def clean_redis():
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
+    """A test database of its own (tests/redis_dbs.py), as a client: its URL is clean_redis.url."""
+    with DATABASES.lease() as url:
+        client = redis.Redis.from_url(url)
+        client.url = url
+        yield client
 
 
 def test_the_link_delays_redis_keeps_payloads_and_takes_a_new_setting_while_it_runs(clean_redis, tmp_path):
     port = free_port()
     log = open(tmp_path / "link.log", "w")
-    link = subprocess.Popen(_cli("link", "40", "--to", REDIS_URL, "--port", str(port), "--seed", "3"),
+    link = subprocess.Popen(_cli("link", "40", "--to", clean_redis.url, "--port", str(port), "--seed", "3"),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         status = None
@@ -63,7 +62,7 @@ def test_the_link_delays_redis_keeps_payloads_and_takes_a_new_setting_while_it_r
             time.sleep(0.05)
         assert status is not None and status.rtt_ms == 40 and status.listen == f"127.0.0.1:{port}", \
             (tmp_path / "link.log").read_text()
-        behind = redis.Redis.from_url(f"redis://127.0.0.1:{port}/{REDIS_DB}")
+        behind = redis.Redis.from_url(f"redis://127.0.0.1:{port}/{clean_redis.url.rsplit('/', 1)[1]}")
         assert _ping_ms(behind) >= 35
         payload = os.urandom(3 * 1024 * 1024)
         behind.set("big", payload)
@@ -108,7 +107,7 @@ def _draft_beat(client: redis.Redis, rounds: int, timeout_s: float = 20) -> Hear
 @pytest.mark.slow
 def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, tmp_path):
     port = free_port()
-    env = {**os.environ, "MIRROR_SD_REDIS_URL": REDIS_URL, "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}",
+    env = {**os.environ, "MIRROR_SD_REDIS_URL": clean_redis.url, "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}",
            "MIRROR_SD_TELEMETRY__METRICS_PORT": str(free_port())}
     log_path = tmp_path / "up.log"
     log = open(log_path, "w")
@@ -147,7 +146,7 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         assert "round trip p50/p99" in status.stdout, status.stdout
 
         bench = subprocess.run(_cli("bench", "--modes", "stack", "--limit", "1", "-n", "16", "--warmup", "0",
-                                    "--url", f"http://127.0.0.1:{port}", "--redis-url", REDIS_URL,
+                                    "--url", f"http://127.0.0.1:{port}", "--redis-url", clean_redis.url,
                                     "--draft-link", "0,40", "--out", str(tmp_path / "bench"), "--no-progress"),
                                env=env, capture_output=True, text=True, timeout=400)
         assert bench.returncode == 0, bench.stdout + bench.stderr

@@ -38,7 +38,7 @@ def sentinels():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, sentinels):
-    running = Stack(tmp_path_factory.mktemp("failover"), redis_db=0, verify_workers=1, auth=False,
+    running = Stack(tmp_path_factory.mktemp("failover"), verify_workers=1, auth=False,
                     redis_url=sentinels.url(0), env={"MIRROR_SD_DRAFT": "ngram"}).start()
     yield running
     running.stop()

@@ -20,11 +20,9 @@ import redis
 from services.stack import free_port
 from tests.conftest import REPO_ROOT
 from tests.integration.conftest import FAULTY_LLAMA_CPP, private_cache
-from tests.integration.stack import TEST_REDIS
 
 pytestmark = pytest.mark.slow
 
-REDIS_DB = 15
 QUESTION = [{"role": "user", "content": "Name three rivers in Europe and say where each one ends."}]
 
 
@@ -66,13 +64,12 @@ def chat(port: int, **extra) -> dict:
     return response.json()
 
 
-def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path):
-    client = redis.Redis.from_url(f"{TEST_REDIS}/{REDIS_DB}")
-    client.flushdb()
+def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
     port = free_port()
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(FAULTY_LLAMA_CPP), str(REPO_ROOT)]),
-           "MIRROR_SD_REDIS_URL": f"{TEST_REDIS}/{REDIS_DB}",
+           "MIRROR_SD_REDIS_URL": redis_url,
            "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'up.db'}",
            "MIRROR_SD_CACHE_DIR": str(private_cache(tmp_path))}  # this test's engine verdicts stay its own
     log_path = tmp_path / "up.log"

@@ -14,16 +14,13 @@ import redis.asyncio as aioredis
 from gateway.admission import Rejected
 from gateway.shared_admission import FULL_HINT_S, SharedAdmission
 from services.protocol import GATEWAYS_KEY
-from tests.integration.fleet import empty_redis
-from tests.integration.stack import TEST_REDIS
-
-REDIS_DB = 2  # test_gateways.py's stack uses it too, in its own module
+from tests.redis_dbs import DATABASES
 
 
 @pytest.fixture
 def redis_url():
-    with empty_redis(REDIS_DB):
-        yield f"{TEST_REDIS}/{REDIS_DB}"
+    with DATABASES.lease() as url:
+        yield url
 
 
 def gateways(client, count: int = 2, **limits) -> list[SharedAdmission]:

@@ -23,7 +23,6 @@ from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.slow
 
-REDIS_DB = 2  # test_gateway_sharing.py's scripts use it too, in their own module
 MODEL = "random:tiny"  # a chat template, and nothing to load
 
 
@@ -31,7 +30,7 @@ MODEL = "random:tiny"  # a chat template, and nothing to load
 def gateways(tmp_path_factory):
     """(the stack, the ids of its two gateway processes)."""
     root = tmp_path_factory.mktemp("gateways")
-    stack = Stack(root, redis_db=REDIS_DB, verify_workers=1, auth=False, gateway_args=("--workers", "2"), env={
+    stack = Stack(root, verify_workers=1, auth=False, gateway_args=("--workers", "2"), env={
         "MIRROR_SD_TARGET": MODEL, "MIRROR_SD_DRAFT": "ngram", "MIRROR_SD_CACHE_DIR": str(root / "cache"),
         "MIRROR_SD_GATEWAY__MAX_INFLIGHT": "2",
         "MIRROR_SD_GATEWAY__TIER_SHARE": '{"high": 1.0, "normal": 1.0, "low": 1.0}'})  # 2 for every tier

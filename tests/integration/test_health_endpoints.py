@@ -15,24 +15,20 @@ from services import __version__
 from services.config import Settings
 from services.protocol import CHILDREN_KEY, ChildStatus, DraftFallback, Heartbeat, heartbeat_key
 from services.storage.db import init_db
-from tests.integration.stack import TEST_REDIS
 
-REDIS_DB = 4
 FALLBACK = DraftFallback(draft="gguf:smollm2-135m", fault="SIGSEGV", serving="ngram",
                          reason="llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8, AVX2)")
 
 
 @pytest.fixture
-def gateway(tmp_path):
-    client = redis.Redis.from_url(f"{TEST_REDIS}/{REDIS_DB}")
-    client.flushdb()
+def gateway(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
     database_url = f"sqlite:///{tmp_path / 'health.db'}"
     init_db(database_url)
-    settings = Settings(redis_url=f"{TEST_REDIS}/{REDIS_DB}", database_url=database_url,
+    settings = Settings(redis_url=redis_url, database_url=database_url,
                         gateway={"auth_disabled": True})
     with TestClient(create_app(settings)) as http:
         yield client, http
-    client.flushdb()
 
 
 def beat(client: redis.Redis, worker_id: str, role: str, **fields) -> None:

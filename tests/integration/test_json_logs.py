@@ -20,7 +20,7 @@ SERVICES = {"gateway": "gateway", "draft-worker": "draft-worker", "verify-json-0
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("json-logs")
     target = save_tiny_model(root / "target", seed=0, words=WORDS)
-    running = Stack(root, redis_db=11, pool="json", verify_workers=1, auth=False, telemetry=True,
+    running = Stack(root, pool="json", verify_workers=1, auth=False, telemetry=True,
                     env={"MIRROR_SD_LOG_FORMAT": "json", "MIRROR_SD_TARGET": str(target), "MIRROR_SD_DRAFT": "ngram",
                          "MIRROR_SD_TELEMETRY__FALLBACK_POOL": "json"})
     try:

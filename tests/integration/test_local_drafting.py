@@ -31,7 +31,6 @@ from tests.integration.fleet import (
 from verify_worker.local_drafts import MAX_CARRIED_TURNS, WARM_PAYBACK, LocalDrafting
 
 PROMPTS = [[5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13], [3, 3, 8, 60, 61, 62, 3, 3, 8], [70, 1, 2, 3, 70, 1, 2]]
-REDIS_DB = 5
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,7 @@ def draft(target) -> DraftSource:
 
 @pytest.fixture
 def client():
-    with empty_redis(REDIS_DB) as connection:
+    with empty_redis() as connection:
         yield connection
 
 

@@ -11,7 +11,6 @@ from services.models.drafters import DraftSource
 from services.protocol import SessionSpec
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import VerifyThread, behind_link, draft_runtime, output_tokens, submit_spec
-from tests.integration.stack import TEST_REDIS
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13]
 
@@ -22,13 +21,11 @@ def target():
 
 
 @pytest.fixture
-def fleet(target):
-    client = redis.Redis.from_url(f"{TEST_REDIS}/10")
-    client.flushdb()
+def fleet(target, redis_url):
+    client = redis.Redis.from_url(redis_url)
     verify = VerifyThread(client, target)
     yield client
     verify.close()
-    client.flushdb()
 
 
 def reference_output(target, max_new_tokens: int) -> list[int]:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    running = Stack(tmp_path_factory.mktemp("prio"), redis_db=12, pool="prio", verify_workers=1,
+    running = Stack(tmp_path_factory.mktemp("prio"), pool="prio", verify_workers=1,
                     draft_concurrency=1).start()
     yield running
     running.stop()

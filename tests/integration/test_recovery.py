@@ -8,6 +8,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from gateway.cache import Cached
@@ -15,10 +16,7 @@ from gateway.recovery import RequestLost, check_stalled
 from services import protocol
 from services.celery_app import create_celery_app
 from services.config import Settings
-from tests.integration.fleet import empty_redis
-from tests.integration.stack import TEST_REDIS
 
-DB = 8
 REQUEST = "chatcmpl-recovery"
 
 
@@ -32,11 +30,10 @@ def queued_tasks(client, pool: str = "cpu") -> int:
 
 
 @pytest.fixture
-def world():
-    with empty_redis(DB) as client:
-        settings = Settings(redis_url=f"{TEST_REDIS}/{DB}")
-        client.set(protocol.request_key(REQUEST), protocol.SessionSpec(REQUEST, [1, 2], 8).encode())
-        yield client, settings
+def world(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    client.set(protocol.request_key(REQUEST), protocol.SessionSpec(REQUEST, [1, 2], 8).encode())
+    yield client, Settings(redis_url=redis_url)
 
 
 def check(settings: Settings, stalled_s: float = 2.0) -> bool:

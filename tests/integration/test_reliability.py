@@ -36,7 +36,7 @@ def private_redis():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, private_redis):
-    running = Stack(tmp_path_factory.mktemp("reliability"), redis_db=0, verify_workers=1, auth=False,
+    running = Stack(tmp_path_factory.mktemp("reliability"), verify_workers=1, auth=False,
                     redis_url=private_redis.url,
                     env={"MIRROR_SD_DRAFT": "ngram", "MIRROR_SD_GATEWAY__DRAIN_TIMEOUT_S": "60"}).start()
     yield running

@@ -19,24 +19,21 @@ from services import protocol
 from services.protocol import SessionSpec
 from services.redis_client import REQUEST_TTL_S
 from tests.conftest import WORDS, save_tiny_model
-from tests.integration.fleet import empty_redis
-from tests.integration.stack import TEST_REDIS, Stack
-
-SCRIPTS_DB = 5
-STACK_DB = 3
+from tests.integration.stack import Stack
+from tests.redis_dbs import DATABASES
 
 
 def flights_run(scenario) -> object:
     """Run `scenario(flights, client)` on an emptied database."""
-    async def run():
-        client = aioredis.Redis.from_url(f"{TEST_REDIS}/{SCRIPTS_DB}")
+    async def run(url: str):
+        client = aioredis.Redis.from_url(url)
         try:
             return await scenario(SingleFlight(client), client)
         finally:
             await client.aclose()
 
-    with empty_redis(SCRIPTS_DB):
-        return asyncio.run(run())
+    with DATABASES.lease() as url:
+        return asyncio.run(run(url))
 
 
 def test_the_first_to_join_leads_and_the_last_to_leave_early_cancels():
@@ -123,7 +120,7 @@ PROMPT_IDS = list(range(2, 12))  # the same prompt, tokenized by the client (the
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("single-flight")
     target = save_tiny_model(root / "target", seed=0, words=WORDS)
-    running = Stack(root, redis_db=STACK_DB, verify_workers=1, auth=False,
+    running = Stack(root, verify_workers=1, auth=False,
                     env={"MIRROR_SD_TARGET": str(target), "MIRROR_SD_DRAFT": "ngram"})
     try:
         yield running.start()

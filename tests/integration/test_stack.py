@@ -24,7 +24,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    running = Stack(tmp_path_factory.mktemp("stack"), redis_db=13).start()
+    running = Stack(tmp_path_factory.mktemp("stack")).start()
     yield running
     running.stop()
 

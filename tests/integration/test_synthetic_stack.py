@@ -53,7 +53,7 @@ def test_random_weights_depend_on_the_shape_and_seed_alone():
 
 
 def test_a_synthetic_stack_is_lossless_and_labelled(tmp_path):
-    stack = Stack(tmp_path, redis_db=6, verify_workers=1, auth=False, env={
+    stack = Stack(tmp_path, verify_workers=1, auth=False, env={
         "MIRROR_SD_TARGET": "random:tiny", "MIRROR_SD_DRAFT": "synthetic:0.8@2ms",
         "MIRROR_SD_CACHE_DIR": str(tmp_path / "cache"), "MIRROR_SD_SCHEDULER__MAX_BATCH_SIZE": "4"}).start()
     try:

@@ -10,17 +10,14 @@ from services.protocol import ROUTING_HISTORY_KEY, ROUTING_TABLE_KEY, Heartbeat,
 from services.storage import crud
 from services.storage.db import init_db, session_factory
 from telemetry.service import TelemetryService
-from tests.integration.stack import TEST_REDIS
 
 
 @pytest.fixture
-def service(tmp_path):
-    client = redis.Redis.from_url(f"{TEST_REDIS}/7")
-    client.flushdb()
+def service(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
     db = session_factory(init_db(f"sqlite:///{tmp_path / 'telemetry.db'}"))
     settings = Settings(telemetry={"snapshot_interval_s": 1.0})
     yield TelemetryService(settings=settings, client=client, db=db), client, db
-    client.flushdb()
 
 
 def put(client, worker_id, pool, **fields):

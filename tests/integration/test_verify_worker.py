@@ -22,7 +22,7 @@ REPLY = "test:inbox"
 
 @pytest.fixture
 def client():
-    with empty_redis(15) as connection:
+    with empty_redis() as connection:
         yield connection
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from telemetry.burst import BurstReport, quantiles
-from telemetry.chaos import Outcome, classify
+from services.drills.burst import BurstReport, quantiles
+from services.drills.chaos import Outcome, classify
 
 
 def test_chaos_classification():

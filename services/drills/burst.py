@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from services.speculative.stats import percentile
+
 
 @dataclass
 class BurstReport:
@@ -28,9 +30,11 @@ class BurstReport:
 
 
 def quantiles(values: list[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    pick = (lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)) if ordered else (lambda q: None)
-    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(ordered[-1], 1) if ordered else None}
+    def pick(q: float) -> float | None:
+        value = percentile(values, q)
+        return None if value is None else round(value, 1)
+
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(max(values), 1) if values else None}
 
 
 @dataclass

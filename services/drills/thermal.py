@@ -12,9 +12,9 @@ import httpx
 import msgpack
 import redis
 
+from services.pools import ACCELERATORS
 from services.protocol import Heartbeat, RoutingTable, heartbeat_key, probe_override_key
-from telemetry.rules import ACCELERATORS
-from telemetry.service import read_routing_table
+from services.redis_client import read_routing_table
 
 logger = logging.getLogger(__name__)
 
