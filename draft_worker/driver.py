@@ -1,4 +1,5 @@
 """The draft worker's engine room: one thread drives every session of the process.
+(Over 300 lines: one loop's intake, drafting, sends, verdicts and failover, sharing its per-session state.)
 
 Celery tasks (the control path: acks, redelivery, progress states) hand their
 session to the driver and wait for it to end; the driver does the hot path

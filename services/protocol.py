@@ -1,4 +1,5 @@
 """Every message that crosses a process, typed and versioned, encoded with msgpack.
+(Over 300 lines on purpose: every message in one module, so the wire format is read in one place.)
 
 One place for the wire format (like TGI's generate.v3 proto): each message
 is a dataclass with `encode()` -> bytes and `decode(bytes)` -> message.

@@ -1,4 +1,5 @@
 """`mirror-sd up`: the whole stack on one machine as child processes.
+(Just over 300 lines: the children, their cores and their Redis, decided in one place.)
 
 Gateway, one verify worker (or one per entry of `--verify-pools`, see
 services/pools.py), one draft worker, the telemetry service, sharing Redis at

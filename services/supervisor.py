@@ -1,5 +1,6 @@
 """`mirror-sd up`'s supervisor: child processes restarted when they die, bounded when they cannot start, stopped
-in order, and never outliving it.
+in order, and never outliving it. (Just over 300 lines: restart, backoff, failure and stop rules of one
+process tree.)
 
 A child that exits is started again after a backoff (0.5 s, doubling to 10 s;
 back to 0.5 s once it has stayed up 30 s), with a log line and its state

@@ -1,4 +1,5 @@
 """Per-request state on a verify worker, and the table that bounds their KV memory (LRU over idle sessions).
+(Just over 300 lines: a session, its rebuild from the stream and the table that holds them.)
 
 A session is the round's TargetSession (services/engine/target.py) plus what
 the worker needs around it: the request spec, the block it is working on,

@@ -1,4 +1,6 @@
 """The verify loop: take draft blocks (own queue first, then the pool's), run batched target steps, commit.
+(Over 300 lines: intake, local drafting and the step share the session table and one turn's invariants;
+what goes to the streams is in commits.py.)
 
 Each turn of the loop:
 1. intake: pop what is queued (blocking only when there is nothing to do);
@@ -42,15 +44,15 @@ from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
-from services.redis_client import REQUEST_TTL_S, RoundCommitter
+from services.redis_client import REQUEST_TTL_S
 from services.speculative.chaining import chain_holds
-from verify_worker.committed import CommittedEvents
+from verify_worker.commits import StreamCommits
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
 from verify_worker.sessions import SessionTable, VerifySession, build_session, resume_block
-from verify_worker.verdicts import CommitItem, block_verdict, failure_item, round_item
+from verify_worker.verdicts import CommitItem, block_verdict, round_item
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +93,7 @@ class VerifyWorker:
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
         self.sessions = SessionTable(engine, merging)
-        self.committer = RoundCommitter(client)
-        self.committed = CommittedEvents()  # to make streams whole after a failover (verify_worker/committed.py)
+        self.commits = StreamCommits(client, self.sessions, worker_id, recorder)  # verify_worker/commits.py
         self._outage = False
         self._expired_at = 0.0
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
@@ -110,7 +111,7 @@ class VerifyWorker:
         while not stop.is_set():
             try:
                 if self._outage:  # back: a failover's new primary may lack what was committed last
-                    self._refill(self.committed.tracked())
+                    self.commits.refill(self.commits.committed.tracked())
                     self._outage = False
                 self.turn(poll_s)
             except redis.RedisError as exc:  # Redis gone for a moment: keep the sessions, try again
@@ -131,7 +132,7 @@ class VerifyWorker:
         self.sessions.drop_idle(IDLE_SESSION_S)
         if time.monotonic() - self._expired_at > COMMITTED_EXPIRE_S:
             self._expired_at = time.monotonic()
-            self.committed.expire(self._expired_at, live={session.request_id for session in self.sessions})
+            self.commits.committed.expire(self._expired_at, live={session.request_id for session in self.sessions})
         self._committed, self._forward_s = 0, None
         rows = self.step() if self._ready() else 0
         if self.local is not None:  # what this turn's drafting (or not) gave, for the next turns' choice
@@ -157,8 +158,8 @@ class VerifyWorker:
             self.local.draft(due, load=len([session for session in self.sessions if session.active]))
         except Exception as exc:  # the process boundary of these requests: they end with the error
             logger.exception("drafting %d local sessions failed", len(due))
-            self._fail([(session.request_id, None) for session in due], f"drafting failed: {type(exc).__name__}: "
-                       f"{exc}")
+            self.commits.fail([(session.request_id, None) for session in due],
+                              f"drafting failed: {type(exc).__name__}: {exc}")
 
     def _expected(self) -> int:
         """Sessions whose next block is on its way: answered recently, not finished, no block in hand."""
@@ -238,7 +239,7 @@ class VerifyWorker:
         try:
             session.take(block)
         except (ProtocolError, AssertionError) as exc:  # its draft probs do not match its tokens
-            self._fail([(block.request_id, block)], f"bad block: {exc}")
+            self.commits.fail([(block.request_id, block)], f"bad block: {exc}")
             return
         self.sessions.touch(session)
 
@@ -289,14 +290,15 @@ class VerifyWorker:
             except Exception as exc:  # the process boundary for one request
                 logger.exception("request %s: could not rebuild its session", block.request_id,
                                  extra={"request_id": block.request_id})
-                self._fail([(block.request_id, None if block.draft_here else block)], f"{type(exc).__name__}: {exc}")
+                self.commits.fail([(block.request_id, None if block.draft_here else block)],
+                                  f"{type(exc).__name__}: {exc}")
         if owned:  # the gateway's recovery watches this worker's heartbeat for them
             with self.client.pipeline(transaction=False) as pipe:
                 for request_id in owned:
                     pipe.set(protocol.owner_key(request_id), self.instance, ex=REQUEST_TTL_S)
                 pipe.execute()
         if resyncs:
-            self._publish(resyncs)
+            self.commits.publish(resyncs)
 
     def _start_local(self, block: DraftBlock, raw_spec: bytes | None, entries: list, owned: list[str]) -> None:
         """A session this worker drafts for itself: built from its committed output, with its draft half."""
@@ -354,10 +356,10 @@ class VerifyWorker:
         except Exception as exc:  # the process boundary: fail the step's requests, keep serving
             logger.exception("a step over %d rows failed", len(sessions),
                              extra={"request_ids": [s.request_id for s in sessions]})
-            self._fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
+            self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
         items = self._outcomes(sessions, results, rows=len(sessions))
-        self._publish(items)
+        self.commits.publish(items)
         self._continue_chains(sessions)
         step_s = time.perf_counter() - started
         # what the turn measures for co-located drafting: tokens committed, unless a prompt was being
@@ -388,7 +390,7 @@ class VerifyWorker:
             elif not chosen:
                 if store.budget_bytes is not None and \
                         session.target.sequence.reserved_bytes + needed > store.budget_bytes:
-                    self._fail([(session.request_id, session.block)],
+                    self.commits.fail([(session.request_id, session.block)],
                                f"the request needs {needed} bytes of KV cache, more than this worker's whole "
                                f"budget of {store.budget_bytes} (worker.kv_budget_mb)")
                     continue
@@ -417,102 +419,6 @@ class VerifyWorker:
                 session.answered(verdict)
         return items
 
-    # --- commits --------------------------------------------------------------------------------
-    def _fail(self, requests: list[tuple[str, DraftBlock | None]], reason: str) -> None:
-        """End these requests with an error event (and a verdict to their senders); drop their sessions."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for request_id, _ in requests:
-                pipe.xlen(protocol.output_stream(request_id))
-            lengths = pipe.execute()
-        message = f"verify worker {self.worker_id}: {reason}"
-        self._publish([failure_item(request_id, block, int(seq), message, self.worker_id)
-                       for (request_id, block), seq in zip(requests, lengths)])
-        for request_id, _ in requests:
-            session = self.sessions.pop(request_id)
-            if session is not None and session.local is not None and self.recorder is not None:
-                self.recorder.ended(session.local, error=message)
-
-    def _publish(self, items: list[CommitItem]) -> None:
-        """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
-        stream moved: a cancellation, another verifier) is dropped here, one whose stream is shorter than
-        what this worker committed (a Redis failover lost events) is made whole again."""
-        if not items:
-            return
-        for item in items:
-            if item.event:
-                self.committed.record(item.request_id, item.seq, item.event)
-        with self.client.pipeline(transaction=False) as pipe:
-            for item in items:
-                self.committer.commit(stream_key=protocol.output_stream(item.request_id),
-                                      verdict_key=item.reply_to, expected_seq=item.seq, event=item.event,
-                                      verdict=item.verdict, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-        short = []
-        for item, reply in zip(items, replies):
-            if isinstance(reply, Exception):
-                logger.error("request %s: commit failed: %s", item.request_id, reply,
-                             extra={"request_id": item.request_id})
-                self.sessions.pop(item.request_id)
-                self.committed.forget(item.request_id)
-            elif item.event and 0 <= int(reply) < item.seq:
-                short.append(item)
-            elif item.event and int(reply) != -1:
-                logger.info("request %s round %d: the stream holds %d events (cancelled, or another verifier "
-                            "committed): session dropped", item.request_id, item.seq, int(reply),
-                            extra={"request_id": item.request_id})
-                self.sessions.pop(item.request_id)
-                self.committed.forget(item.request_id)
-            elif item.finished:
-                self._finished(item)
-        if short:
-            self._refill([item.request_id for item in short], verdicts=short)
-            for item in short:
-                if item.finished:
-                    self._finished(item)
-
-    def _finished(self, item: CommitItem) -> None:
-        logger.info("request %s finished here at round %d", item.request_id, item.seq,
-                    extra={"request_id": item.request_id})
-        self.committed.finish(item.request_id, time.monotonic())
-        session = self.sessions.pop(item.request_id, retire=True)
-        if session is not None and session.local is not None and self.recorder is not None:
-            self.recorder.ended(session.local)
-
-    def _refill(self, request_ids: list[str], verdicts: list[CommitItem] = ()) -> int:
-        """Append again the events these requests' streams lost (verify_worker/committed.py), then push
-        `verdicts` (of commits that found their stream short). A stream that lost more than is kept ends
-        with an error. Returns the events appended again."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for request_id in request_ids:
-                pipe.xlen(protocol.output_stream(request_id))
-            lengths = pipe.execute()
-        appended, lost = 0, []
-        with self.client.pipeline(transaction=False) as pipe:
-            for request_id, have in zip(request_ids, lengths):
-                missing = self.committed.missing(request_id, int(have))
-                if missing is None:
-                    lost.append(request_id)
-                    continue
-                if missing:
-                    logger.warning("request %s: its stream lost rounds %d..%d (a Redis failover?): committed "
-                                   "them again", request_id, missing[0][0], missing[-1][0],
-                                   extra={"request_id": request_id})
-                for seq, event in missing:
-                    self.committer.commit(stream_key=protocol.output_stream(request_id), verdict_key="",
-                                          expected_seq=seq, event=event, verdict=b"", client=pipe)
-                appended += len(missing)
-            for item in verdicts:
-                if item.verdict and item.request_id not in lost:
-                    self.committer.commit(stream_key="", verdict_key=item.reply_to, expected_seq=0, event=b"",
-                                          verdict=item.verdict, client=pipe)
-            pipe.execute()
-        if lost:
-            self._fail([(request_id, None) for request_id in lost],
-                       "the queue (Redis) lost more of this request's output than can be committed again")
-            for request_id in lost:
-                self.committed.forget(request_id)
-        return appended
-
     def _check_cancellations(self) -> None:
         """Sessions running target-only rounds on their own, and those drafted here, have no draft worker
         asking each round; a local one's stream is ended here, as its draft worker would."""
@@ -531,20 +437,8 @@ class VerifyWorker:
                 logger.info("request %s cancelled: its rounds stop", session.request_id,
                             extra={"request_id": session.request_id})
                 if session.local is not None:
-                    self._end_cancelled(session)
+                    self.commits.end_cancelled(session)
                 self.sessions.pop(session.request_id, retire=True)
-
-    def _end_cancelled(self, session: VerifySession) -> None:
-        """A 'cancelled' event closes a local session's stream (unless a round of another verifier just did)."""
-        target = session.target
-        event = OutputEvent(request_id=session.request_id, seq=session.round, token_ids=[],
-                            num_output_tokens=len(target.output.output_ids), finished=True,
-                            finish_reason="cancelled", stats=target.stats, worker_id=self.worker_id)
-        self.committer.commit(stream_key=protocol.output_stream(session.request_id), verdict_key="",
-                              expected_seq=session.round, event=event.encode(), verdict=b"")
-        session.local.finish_reason = "cancelled"
-        if self.recorder is not None:
-            self.recorder.ended(session.local)
 
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:

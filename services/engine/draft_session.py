@@ -1,4 +1,5 @@
 """One session on the draft side, as a state machine with no I/O of its own: next block, verdict, repeat.
+(Over 300 lines: one state machine, whose transitions, chains included, read best side by side.)
 
 The driver (draft_worker/driver.py) owns the Redis traffic of every session
 of the process and calls in here: `on_verdict()` per verdict, `draft_call()`

@@ -194,9 +194,9 @@ def test_after_an_outage_the_worker_refills_streams_of_sessions_between_rounds_a
     run_rounds(client, worker, 2)
     assert read_events(client, "r")[-1].finished and "r" not in worker.sessions
     lose_last_events(client, 1)  # the finished event: no later commit would notice
-    assert worker._refill(worker.committed.tracked()) == 1
+    assert worker.commits.refill(worker.commits.committed.tracked()) == 1
     assert read_events(client, "r")[-1].finished and len(read_events(client, "r")) == 2
-    assert worker._refill(worker.committed.tracked()) == 0  # whole: nothing appended twice
+    assert worker.commits.refill(worker.commits.committed.tracked()) == 0  # whole: nothing appended twice
 
 
 def test_a_stream_that_lost_more_than_is_kept_ends_with_an_error(client, worker, monkeypatch):
@@ -204,7 +204,7 @@ def test_a_stream_that_lost_more_than_is_kept_ends_with_an_error(client, worker,
     submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
     run_rounds(client, worker, 3)
     lose_last_events(client, 2)
-    worker._refill(["r"])
+    worker.commits.refill(["r"])
     events = read_events(client, "r")
     assert len(events) == 2 and events[-1].finish_reason == "error" and "lost more" in events[-1].error
     assert "r" not in worker.sessions
