@@ -22,6 +22,7 @@ from services import __version__
 from services.logs import bind_request
 from services.protocol import CHILDREN_KEY
 from services.redis_client import decode_children
+from services.speculative.stats import SpecDecodingStats
 from services.storage import crud
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def _request_view(row) -> dict:
     def iso(value):
         return value.isoformat() if value else None
 
-    drafts, accepted = row.num_drafts, row.num_accepted_tokens
+    stats = SpecDecodingStats.from_row_counters(row)
     return {
         "id": row.id, "object": "request", "status": row.status, "model": row.model, "endpoint": row.endpoint,
         "priority": row.priority, "route": row.route, "pool": row.pool, "prompt_tokens": row.prompt_tokens,
@@ -54,9 +55,8 @@ def _request_view(row) -> dict:
         "queued_at": iso(row.queued_at), "started_at": iso(row.started_at),
         "first_token_at": iso(row.first_token_at), "finished_at": iso(row.finished_at), "error": row.error,
         "mirror_sd": {
-            "num_drafts": drafts, "num_draft_tokens": row.num_draft_tokens, "num_accepted_tokens": accepted,
-            "acceptance_rate": accepted / row.num_draft_tokens if row.num_draft_tokens else 0.0,
-            "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+            **stats.row_counters(),
+            "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
             "transport_ms_p50": row.transport_ms_p50,
             "plain_reason": row.plain_reason,
         },

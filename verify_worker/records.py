@@ -35,9 +35,8 @@ class Recorder(threading.Thread):
         status = "failed" if error else ("cancelled" if summary.finish_reason == "cancelled" else "finished")
         self._queue.put((session.request_id, {
             "status": status, "finish_reason": "error" if error else summary.finish_reason, "error": error,
-            "completion_tokens": summary.num_output_tokens, "num_drafts": summary.stats.num_drafts,
-            "num_draft_tokens": summary.stats.num_draft_tokens,
-            "num_accepted_tokens": summary.stats.num_accepted_tokens, "plain_reason": summary.plain_reason,
+            "completion_tokens": summary.num_output_tokens, **summary.stats.row_counters(),
+            "plain_reason": summary.plain_reason,
             "first_token_at": _utc(summary.first_token_at), "finished_at": datetime.now(timezone.utc)}))
 
     def close(self) -> None:

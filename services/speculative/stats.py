@@ -60,6 +60,17 @@ class SpecDecodingStats:
             for pos, count in enumerate(theirs):
                 mine[pos] += count
 
+    ROW_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # what a request's SQL row keeps
+
+    def row_counters(self) -> dict[str, int]:
+        """The counters a request's SQL row keeps (services/storage/tables.py); rates come from them again
+        through from_row_counters, never computed elsewhere."""
+        return {name: getattr(self, name) for name in self.ROW_COUNTERS}
+
+    @classmethod
+    def from_row_counters(cls, row) -> "SpecDecodingStats":
+        return cls(**{name: getattr(row, name) or 0 for name in cls.ROW_COUNTERS})
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted tokens."""

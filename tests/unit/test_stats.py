@@ -36,3 +36,19 @@ def test_empty_stats_do_not_divide_by_zero():
     stats = SpecDecodingStats()
     assert stats.acceptance_rate == 0.0
     assert stats.mean_acceptance_length == 1.0
+
+
+def test_a_sql_row_keeps_the_counters_and_the_rates_come_back_from_them():
+    from types import SimpleNamespace
+
+    stats = SpecDecodingStats()
+    for drafted, accepted in [(4, 3), (4, 4), (2, 0)]:
+        stats.observe(drafted, accepted)
+    row = SimpleNamespace(**stats.row_counters())
+    assert stats.row_counters() == {"num_drafts": 3, "num_draft_tokens": 10, "num_accepted_tokens": 7}
+    again = SpecDecodingStats.from_row_counters(row)
+    assert again.acceptance_rate == stats.acceptance_rate == 0.7
+    assert again.mean_acceptance_length == stats.mean_acceptance_length == 1 + 7 / 3
+    empty = SpecDecodingStats.from_row_counters(SimpleNamespace(num_drafts=None, num_draft_tokens=0,
+                                                                num_accepted_tokens=0))
+    assert empty.acceptance_rate == 0.0 and empty.mean_acceptance_length == 1.0
