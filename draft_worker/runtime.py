@@ -30,7 +30,7 @@ from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, SessionSpec
-from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats
+from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats, write_heartbeat
 from services.redis_conn import connect
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
@@ -237,8 +237,7 @@ class DraftHeartbeat(threading.Thread):
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
                                           host=socket.gethostname(), draft_fallback=runtime.fallback,
                                           link=meter.figures(runtime.driver.blocks_ahead))
-                runtime.client.set(protocol.heartbeat_key(runtime.worker_id), beat.encode(),
-                                   px=int(settings.worker.heartbeat_ttl_s * 1000))
+                write_heartbeat(runtime.client, beat, settings.worker.heartbeat_ttl_s)
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
                 logger.warning("draft heartbeat failed: %s", exc)
             except Exception:

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 from gateway.state import GatewayState
-from services.protocol import HEARTBEAT_PATTERN, Heartbeat, ProtocolError
-
-logger = logging.getLogger(__name__)
-
+from services.protocol import Heartbeat
+from services.redis_client import read_heartbeats_async
 
 
 async def live_workers(state: GatewayState, *, fresh: bool = False) -> list[Heartbeat]:
-    return await state.worker_cache.get(lambda: _read_heartbeats(state), fresh=fresh)
-
-
-async def _read_heartbeats(state: GatewayState) -> list[Heartbeat]:
-    keys = [key async for key in state.redis.scan_iter(match=HEARTBEAT_PATTERN, count=100)]
-    beats = []
-    for raw in await state.redis.mget(keys) if keys else []:
-        if raw is None:
-            continue
-        try:
-            beats.append(Heartbeat.decode(raw))
-        except ProtocolError:
-            logger.warning("ignoring a bad heartbeat")
-    return beats
+    return await state.worker_cache.get(lambda: read_heartbeats_async(state.redis), fresh=fresh)
 
 
 def drafts_locally(beats: list[Heartbeat], pool: str) -> bool:

@@ -84,10 +84,15 @@ def read_routing_table(client: redis.Redis) -> RoutingTable | None:
     return RoutingTable.decode(raw) if raw is not None else None
 
 
-def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
-    keys = list(client.scan_iter(match=HEARTBEAT_PATTERN, count=200))
+def write_heartbeat(client: redis.Redis, beat: Heartbeat, ttl_s: float) -> None:
+    """A worker's heartbeat, gone unless written again within ttl_s (its absence says the worker is)."""
+    client.set(protocol.heartbeat_key(beat.worker_id), beat.encode(), px=int(ttl_s * 1000))
+
+
+def decode_heartbeats(raws: list[bytes | None]) -> list[Heartbeat]:
+    """The heartbeats among raw values (expired keys and bad entries skipped)."""
     beats = []
-    for raw in client.mget(keys) if keys else []:
+    for raw in raws:
         if raw is None:
             continue
         try:
@@ -95,3 +100,15 @@ def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
         except ProtocolError as exc:
             logger.warning("ignoring a bad heartbeat: %s", exc)
     return beats
+
+
+def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:
+    """Every live worker's heartbeat."""
+    keys = list(client.scan_iter(match=HEARTBEAT_PATTERN, count=200))
+    return decode_heartbeats(client.mget(keys) if keys else [])
+
+
+async def read_heartbeats_async(client) -> list[Heartbeat]:
+    """read_heartbeats for an asyncio client (the gateway's)."""
+    keys = [key async for key in client.scan_iter(match=HEARTBEAT_PATTERN, count=200)]
+    return decode_heartbeats(await client.mget(keys) if keys else [])

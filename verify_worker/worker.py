@@ -44,7 +44,7 @@ from services.engine.target import RoundResult, run_step
 from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
-from services.redis_client import REQUEST_TTL_S
+from services.redis_client import REQUEST_TTL_S, write_heartbeat
 from services.speculative.chaining import chain_holds
 from verify_worker.commits import StreamCommits
 from verify_worker.figures import WorkerFigures
@@ -468,4 +468,4 @@ class VerifyWorker:
             draft_fallback=self.local.fallback if self.local is not None else None,
             **self.figures.heartbeat_fields(),
         )
-        self.client.set(protocol.heartbeat_key(self.worker_id), beat.encode(), px=int(ttl_s * 1000))
+        write_heartbeat(self.client, beat, ttl_s)

@@ -40,19 +40,17 @@ def fleet(tmp_path, redis_url):
     client.set(ROUTING_TABLE_KEY, hot.encode())
     with db() as session:
         crud.record_event(session=session, kind="thermal_on", worker_id="verify-accel-0", detail={})
-    yield client, database_url
-    client.flushdb()
+    yield redis_url, database_url
 
 
-def app_client(database_url: str, *, auth: bool) -> TestClient:
+def app_client(redis_url: str, database_url: str, *, auth: bool) -> TestClient:
     settings = Settings(redis_url=redis_url, database_url=database_url,
                         gateway={"auth_disabled": not auth})
     return TestClient(create_app(settings))
 
 
 def test_snapshot_has_workers_history_stats_and_events(fleet):
-    _, database_url = fleet
-    with app_client(database_url, auth=False) as client:
+    with app_client(*fleet, auth=False) as client:
         state = client.app.state.gateway
         stats = SpecDecodingStats()
         stats.observe(3, 2)
@@ -78,8 +76,7 @@ def test_snapshot_has_workers_history_stats_and_events(fleet):
 
 
 def test_page_is_public_the_data_follows_auth(fleet):
-    _, database_url = fleet
-    with app_client(database_url, auth=True) as client:
+    with app_client(*fleet, auth=True) as client:
         page = client.get("/dashboard")
         assert page.status_code == 200 and "dashboard/static/dashboard.js" in page.text
         assert "default-src 'self'" in page.headers["content-security-policy"]
