@@ -169,9 +169,9 @@ class SessionDriver(threading.Thread):
         now = time.monotonic()
         look_due = now - self._looked >= CONTROL_EVERY_S
         looked = self._send(self._next_blocks(), look=list(self._handles.values()) if look_due else [])
-        if looked is None and now - self._looked >= LOOK_ALONE_AFTER_S:
+        if not (looked and looked[0]) and now - self._looked >= LOOK_ALONE_AFTER_S:
             looked = self._look_alone()
-        if looked is not None:
+        if looked and looked[0]:  # a look that carried sessions (blocks sent without one are no look)
             self._looked = now
             self._apply_look(*looked)
         if now - self._controlled >= CONTROL_EVERY_S:

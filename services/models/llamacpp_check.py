@@ -166,7 +166,8 @@ def check_engine(params: EngineParams, probe: list[int] | tuple[int, ...] = PROB
                                 preexec_fn=die_with_parent(os.getpid()))  # this thread waits for it: safe
     except subprocess.TimeoutExpired as exc:
         output = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        return EngineCheck(ok=False, fault="hung", seconds=time.monotonic() - started, detail=output[-3000:])
+        # named after the timeout it ran out of (killing the child takes a moment more)
+        return EngineCheck(ok=False, fault="hung", seconds=timeout_s, detail=output[-3000:])
     seconds = time.monotonic() - started
     output = result.stderr[-3000:]
     answer = _answers(result.stdout)

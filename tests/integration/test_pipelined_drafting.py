@@ -3,12 +3,15 @@ target-only decoding's, token for token, and speculated blocks really get used."
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import redis
 
 from services.engine import GenerationOptions, GenerationSession
 from services.models.drafters import DraftSource
-from services.protocol import SessionSpec
+from services.protocol import SessionSpec, cancel_key, output_stream
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import VerifyThread, behind_link, draft_runtime, output_tokens, submit_spec
 
@@ -202,3 +205,27 @@ def test_a_session_whose_link_makes_drafting_lose_goes_plain_and_says_so(fleet, 
     assert summary.stats.num_drafts <= 5 and summary.stats.num_draft_tokens == summary.stats.num_drafts
     assert summary.stats.num_target_calls > summary.stats.num_drafts + 5
     assert output_tokens(fleet, "slow-link") == reference_output(target, 24)
+
+
+def test_a_cancellation_is_seen_while_rounds_come_faster_than_the_control_look(fleet, target):
+    """A tiny target's rounds take milliseconds, so blocks go out far more often than the driver's control
+    look (CONTROL_EVERY_S): the look must still ride with them now and then (a block sent without it is no
+    look), or a cancelled session runs to its end. The target drafts for itself: always right, so the
+    session never goes target-only (where the verify worker would see the cancellation itself)."""
+    runtime = draft_runtime(fleet, DraftSource("tiny-self", target), pipelined=True)
+    spec = SessionSpec(request_id="cancel-me", prompt_ids=PROMPT, max_new_tokens=240, ignore_eos=True)
+    submit_spec(fleet, spec)
+
+    def cancel_once_under_way() -> None:
+        while fleet.xlen(output_stream("cancel-me")) < 3:
+            time.sleep(0.001)
+        fleet.set(cancel_key("cancel-me"), b"1")
+
+    canceller = threading.Thread(target=cancel_once_under_way)
+    canceller.start()
+    try:
+        summary = runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+        canceller.join(timeout=10)
+    assert summary.finish_reason == "cancelled" and summary.num_output_tokens < 240, summary
