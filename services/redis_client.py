@@ -62,15 +62,22 @@ def read_events(client: redis.Redis, request_id: str) -> list[OutputEvent]:
     return [OutputEvent.decode(fields[b"m"]) for _, fields in client.xrange(protocol.output_stream(request_id))]
 
 
+def decode_all(kind: type, raws, what: str) -> list:
+    """The messages of type `kind` among raw values: missing ones (expired keys) and bad ones skipped."""
+    decoded = []
+    for raw in raws:
+        if raw is None:
+            continue
+        try:
+            decoded.append(kind.decode(raw))
+        except ProtocolError as exc:
+            logger.warning("ignoring a bad %s: %s", what, exc)
+    return decoded
+
+
 def decode_children(raw: dict) -> list[ChildStatus]:
     """The supervisor's hash (CHILDREN_KEY) as ChildStatus messages, by name; bad entries are skipped."""
-    children = []
-    for _, value in sorted(raw.items()):
-        try:
-            children.append(ChildStatus.decode(value))
-        except ProtocolError as exc:
-            logger.warning("ignoring a bad child status: %s", exc)
-    return children
+    return decode_all(ChildStatus, (value for _, value in sorted(raw.items())), "child status")
 
 
 def read_children(client: redis.Redis) -> list[ChildStatus]:
@@ -91,15 +98,7 @@ def write_heartbeat(client: redis.Redis, beat: Heartbeat, ttl_s: float) -> None:
 
 def decode_heartbeats(raws: list[bytes | None]) -> list[Heartbeat]:
     """The heartbeats among raw values (expired keys and bad entries skipped)."""
-    beats = []
-    for raw in raws:
-        if raw is None:
-            continue
-        try:
-            beats.append(Heartbeat.decode(raw))
-        except ProtocolError as exc:
-            logger.warning("ignoring a bad heartbeat: %s", exc)
-    return beats
+    return decode_all(Heartbeat, raws, "heartbeat")
 
 
 def read_heartbeats(client: redis.Redis) -> list[Heartbeat]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from services.bench.prompts import BenchPrompt
-from services.bench.stack_client import read_chunk
+from services.gateway_client import GatewayHTTPError, astream_chat, chat_body
 
 logger = logging.getLogger(__name__)
 
@@ -54,43 +54,18 @@ class LevelRun:
 
 async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, *, max_tokens: int,
                route: str | None) -> StreamRecord:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt.prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-            # the load repeats prompts at once: each request its own salt, so what is measured is batching, not
-            # single-flight or prefix reuse (`mirror-sd bench --merging` measures those)
-            "cache_salt": uuid.uuid4().hex}
+    # the load repeats prompts at once: each request its own salt, so what is measured is batching, not
+    # single-flight or prefix reuse (`mirror-sd bench --merging` measures those)
+    body = chat_body(model, prompt.prompt, max_tokens, temperature=0, cache_salt=uuid.uuid4().hex)
     if route is not None:
         body["route"] = route
-    started = time.perf_counter()
-    ttft, last_chunk = None, None
-    gaps: list[float] = []
-    token_ids: list[int] = []
-    finish_reason, usage = None, {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            raise RuntimeError(f"{prompt.id}: HTTP {response.status_code}: {response.text}")
-        async for line in response.aiter_lines():
-            chunk = read_chunk(line, prompt.id)
-            if chunk is None:
-                continue
-            if not chunk["choices"]:
-                usage = chunk
-                continue
-            choice = chunk["choices"][0]
-            now = time.perf_counter()
-            if choice["delta"].get("content"):
-                if ttft is None:
-                    ttft = now - started
-                else:
-                    gaps.append(now - last_chunk)
-                last_chunk = now
-            token_ids += choice.get("token_ids") or []
-            if choice["finish_reason"] is not None:
-                finish_reason = choice["finish_reason"]
-    num_tokens = usage.get("usage", {}).get("completion_tokens", len(token_ids))
-    return StreamRecord(prompt.id, token_ids, num_tokens, ttft, time.perf_counter() - started, gaps, finish_reason,
-                        usage.get("mirror_sd", {}))
+    try:
+        answer = await astream_chat(client, body)
+    except GatewayHTTPError as exc:
+        raise RuntimeError(f"{prompt.id}: {exc}") from None
+    answer.raise_for_error(prompt.id)
+    return StreamRecord(prompt.id, answer.token_ids or [], answer.completion_tokens, answer.ttft_s, answer.total_s,
+                        answer.gaps_s, answer.finish_reason, answer.stats)
 
 
 async def _level(url: str, model: str, prompts: list[BenchPrompt], concurrency: int, *, max_tokens: int,

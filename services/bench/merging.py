@@ -22,6 +22,7 @@ import httpx
 
 from services.bench.concurrency import _verify_counters
 from services.bench.prompts import BenchPrompt
+from services.gateway_client import chat_body, stream_chat
 
 QUESTIONS = ("Question: what is the main topic of the text above? Answer in one sentence.",
              "Question: list three facts the text above states.")
@@ -39,35 +40,13 @@ class Answer:
 
 def ask(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> Answer:
     """One streamed greedy chat completion, timed from the request to the first content and to the end."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True}
-    started = time.perf_counter()
-    ttft, token_ids, usage = None, [], {}
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if not chunk["choices"]:
-                usage = chunk
-                continue
-            choice = chunk["choices"][0]
-            if ttft is None and choice["delta"].get("content"):
-                ttft = time.perf_counter() - started
-            if choice["finish_reason"] is not None:
-                token_ids = choice.get("token_ids", [])
-    total = time.perf_counter() - started
-    details = usage.get("usage", {})
-    return Answer(ttft_s=ttft or total, total_s=total, token_ids=token_ids,
+    body = chat_body(model, prompt, max_tokens, temperature=0, ignore_eos=True)
+    answer = stream_chat(client, body).raise_for_error()
+    details = answer.usage.get("usage") or {}
+    return Answer(ttft_s=answer.ttft_s or answer.total_s, total_s=answer.total_s, token_ids=answer.token_ids or [],
                   prompt_tokens=details.get("prompt_tokens", 0),
-                  cached_tokens=details.get("prompt_tokens_details", {}).get("cached_tokens", 0),
-                  stats=usage.get("mirror_sd", {}))
+                  cached_tokens=(details.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                  stats=answer.stats)
 
 
 def documents(prompts: list[BenchPrompt], count: int) -> list[str]:

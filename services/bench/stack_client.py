@@ -10,6 +10,7 @@ import httpx
 
 from services.bench.prompts import BenchPrompt
 from services.engine import GenerationOptions, GenerationResult
+from services.gateway_client import GatewayHTTPError, chat_body, stream_chat
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -26,51 +27,19 @@ def _stats(payload: dict) -> SpecDecodingStats:
     return stats
 
 
-def read_chunk(line: str, prompt_id: str) -> dict | None:
-    """One SSE line of a streamed completion: its JSON chunk, None for anything else ([DONE], pings);
-    an error chunk raises, naming the prompt."""
-    if not line.startswith("data: {"):
-        return None
-    chunk = json.loads(line[6:])
-    if "error" in chunk:
-        raise RuntimeError(f"{prompt_id}: {chunk['error']['message']}")
-    return chunk
-
-
 def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: GenerationOptions) -> GenerationResult:
-    body = {
-        "model": model, "messages": [{"role": "user", "content": prompt.prompt}],
-        "max_tokens": options.max_new_tokens, "temperature": options.sampling.temperature,
-        "top_p": options.sampling.top_p, "top_k": options.sampling.top_k, "seed": options.sampling.seed,
-        "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-    }
-    started = time.perf_counter()
-    ttft = 0.0
-    text, token_ids, finish_reason, usage = "", [], "length", {}
-    with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"{prompt.id}: HTTP {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            chunk = read_chunk(line, prompt.id)
-            if chunk is None:
-                continue
-            if not chunk["choices"]:
-                usage = chunk
-                continue
-            choice = chunk["choices"][0]
-            delta = choice["delta"].get("content", "")
-            if delta and not ttft:
-                ttft = time.perf_counter() - started
-            text += delta
-            if choice["finish_reason"] is not None:
-                finish_reason = choice["finish_reason"]
-                token_ids = choice.get("token_ids", [])
-    total = time.perf_counter() - started
+    sampling = options.sampling
+    body = chat_body(model, prompt.prompt, options.max_new_tokens, temperature=sampling.temperature,
+                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
+    try:
+        answer = stream_chat(client, body).raise_for_error(prompt.id)
+    except GatewayHTTPError as exc:
+        raise RuntimeError(f"{prompt.id}: {exc}") from None
     return GenerationResult(
-        text=text, token_ids=token_ids, prompt_tokens=usage.get("usage", {}).get("prompt_tokens", 0),
-        finish_reason=finish_reason, stats=_stats(usage.get("mirror_sd", {})), draft="stack",
-        ttft_s=ttft or total, total_s=total,
+        text=answer.text, token_ids=answer.token_ids or [],
+        prompt_tokens=(answer.usage.get("usage") or {}).get("prompt_tokens", 0),
+        finish_reason=answer.finish_reason or "length", stats=_stats(answer.stats), draft="stack",
+        ttft_s=answer.ttft_s or answer.total_s, total_s=answer.total_s,
     )
 
 

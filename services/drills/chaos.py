@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
@@ -36,6 +35,7 @@ import redis
 
 from services.bench.prompts import BenchPrompt
 from services.drills.failover import first_served, kill_redis_primary
+from services.gateway_client import GatewayHTTPError, astream_chat, chat_body
 from services.redis_client import read_heartbeats
 from services.redis_conn import primary_address
 
@@ -90,42 +90,28 @@ def classify(reference: list[int] | None, outcome: Outcome) -> str:
 
 async def _one(client: httpx.AsyncClient, model: str, prompt: BenchPrompt, max_tokens: int,
                route: str | None) -> Outcome:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt.prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "return_token_ids": True,
-            "cache_salt": uuid.uuid4().hex}  # the drill repeats prompts at once: no single-flight, no shared KV
+    # the drill repeats prompts at once: no single-flight, no shared KV
+    body = chat_body(model, prompt.prompt, max_tokens, temperature=0, cache_salt=uuid.uuid4().hex)
     if route:
         body["route"] = route
-    for attempt in range(30):  # 503 (a worker role briefly missing, load): come back as told
+    for _ in range(30):  # 503 (a worker role briefly missing, load): come back as told
         try:
-            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                if response.status_code == 503:
-                    await response.aread()
-                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
-                    continue
-                if response.status_code != 200:
-                    await response.aread()
-                    return Outcome(prompt.id, None, f"HTTP {response.status_code}: {response.text[:200]}")
-                token_ids, done = None, False
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        return Outcome(prompt.id, None, chunk["error"].get("message", "error event"))
-                    choice = chunk["choices"][0] if chunk.get("choices") else {}
-                    if choice.get("finish_reason") is not None:
-                        token_ids = choice.get("token_ids", [])
-                if not done or token_ids is None:
-                    return Outcome(prompt.id, None, "stream ended without [DONE]")
-                return Outcome(prompt.id, token_ids)
+            answer = await astream_chat(client, body)
+        except GatewayHTTPError as exc:
+            if exc.status_code == 503:
+                await asyncio.sleep(float(exc.retry_after or "1"))
+                continue
+            return Outcome(prompt.id, None, str(exc))
         except httpx.ConnectError:  # never reached the gateway (a restart): nothing was sent, ask again
             await asyncio.sleep(1.0)
+            continue
         except httpx.HTTPError as exc:
             return Outcome(prompt.id, None, f"{type(exc).__name__}: {exc}")
+        if answer.error is not None:
+            return Outcome(prompt.id, None, answer.error.get("message", "error event"))
+        if not answer.done or answer.token_ids is None:
+            return Outcome(prompt.id, None, "stream ended without [DONE]")
+        return Outcome(prompt.id, answer.token_ids)
     return Outcome(prompt.id, None, "503 or no connection for 30 attempts")
 
 

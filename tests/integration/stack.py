@@ -14,6 +14,7 @@ import httpx
 import psutil
 
 from services.protocol import HEARTBEAT_PATTERN, Heartbeat
+from services.gateway_client import sse_payload
 from services.redis_conn import connect
 from services.stack import child_commands, free_port, stop_children
 from services.storage import crud
@@ -125,11 +126,11 @@ class Stack:
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict | str]:
-    """A streamed chat completion's events: each `data:` line's JSON, and "[DONE]" last."""
+    """A streamed completion's events: each `data:` line's JSON, and "[DONE]" last (services/gateway_client.py)."""
     for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            yield data if data == "[DONE]" else json.loads(data)
+        payload = sse_payload(line)
+        if payload is not None:
+            yield payload
 
 
 def delta_text(event: dict | str) -> str:

@@ -18,8 +18,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.gateway_client import DONE
 from services.protocol import GATEWAYS_KEY, draft_queue
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +93,7 @@ def open_stream(clients: ExitStack, client: httpx.Client, body: dict) -> tuple[s
     the chunks: a reader dropped closes its connection, and the gateway takes the client for gone."""
     response = clients.enter_context(client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}))
     assert response.status_code == 200, response.read()
-    chunks = (json.loads(line[len("data: "):]) for line in response.iter_lines()
-              if line.startswith("data: ") and line != "data: [DONE]")
+    chunks = (chunk for chunk in sse_events(response) if chunk != DONE)
     return next(chunks)["id"], chunks
 
 

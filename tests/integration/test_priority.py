@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from tests.integration.stack import Stack
+from services.gateway_client import DONE
+from tests.integration.stack import Stack, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +33,9 @@ def start_stream(base_url: str, key: str, prompt: str, max_tokens: int) -> tuple
                 "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300,
                           headers={"Authorization": f"Bearer {key}"}) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: {") and not first.is_set():
-                    found["id"] = json.loads(line[6:])["id"]
+            for chunk in sse_events(response):
+                if chunk != DONE and not first.is_set():
+                    found["id"] = chunk["id"]
                     first.set()
 
     thread = threading.Thread(target=run)

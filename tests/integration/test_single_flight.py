@@ -16,10 +16,11 @@ import redis.asyncio as aioredis
 
 from gateway.single_flight import SingleFlight
 from services import protocol
+from services.gateway_client import DONE
 from services.protocol import SessionSpec
 from services.redis_client import REQUEST_TTL_S
 from tests.conftest import WORDS, save_tiny_model
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, sse_events
 from tests.redis_dbs import DATABASES
 
 
@@ -149,10 +150,9 @@ def stream_answer(base_url: str, payload: dict, *, stop_when=None, on_first=None
     with httpx.stream("POST", f"{base_url}/v1/completions", timeout=120,
                       json={**payload, "stream": True, "stream_options": {"include_usage": True}}) as response:
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        for chunk in sse_events(response):
+            if chunk == DONE:
                 continue
-            chunk = json.loads(line[len("data: "):])
             answer["id"] = chunk["id"]
             if not chunk["choices"]:
                 answer["usage"] = chunk

@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from services.engine import GenerationOptions, generate
+from services.gateway_client import DONE
 from services.models.drafters import DraftSource
 from services.models.tokenization import encode_prompt
 from services.protocol import DRAFT_TIMING_KEY
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +59,7 @@ def chat_body(prompt: str, **extra) -> dict:
 
 def iter_sse(response: httpx.Response):
     """Each `data:` payload, parsed; the final "[DONE]" as a string."""
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            yield data if data == "[DONE]" else json.loads(data)
+    return sse_events(response)
 
 
 def read_sse(response: httpx.Response) -> list[dict | str]:
