@@ -32,6 +32,10 @@ def _primary_kwargs(target: SentinelTarget, options: dict) -> dict:
     return {"db": target.db, **{k: v for k, v in auth.items() if v}, **options}
 
 
+def _sentinels(target: SentinelTarget) -> Sentinel:
+    return Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
+
+
 def connect(url: str, **options) -> redis.Redis:
     """A bytes-in, bytes-out client (msgpack payloads). With a `redis+sentinel://` URL its connections go to
     whichever server the sentinels name primary now: after a failover the next command that fails on the
@@ -40,8 +44,7 @@ def connect(url: str, **options) -> redis.Redis:
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
     target = parse_sentinel_url(url)
-    manager = Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
-    return manager.master_for(target.master, **_primary_kwargs(target, options))
+    return _sentinels(target).master_for(target.master, **_primary_kwargs(target, options))
 
 
 class _BlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
@@ -72,8 +75,7 @@ def primary_address(url: str) -> str:
         kwargs = redis.connection.parse_url(url)
         return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     target = parse_sentinel_url(url)
-    host, port = Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)).discover_master(
-        target.master)
+    host, port = _sentinels(target).discover_master(target.master)
     return f"{host}:{port}"
 
 

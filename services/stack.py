@@ -202,10 +202,11 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     if draft_link is not None and placement == "local":
         raise ValueError("a draft link needs draft workers, and placement local has none")
     private = None
-    if not is_reachable(redis_url) and is_sentinel(redis_url):  # a fleet's Redis: never replaced by a private one
+    reachable = is_reachable(redis_url)
+    if not reachable and is_sentinel(redis_url):  # a fleet's Redis: never replaced by a private one
         raise RuntimeError(f"no Redis primary reachable through the sentinels of {redacted(redis_url)}: are they "
                            "up, and do they name a primary?")
-    if not is_reachable(redis_url):  # a private one, supervised like the other children (a restart keeps data)
+    if not reachable:  # a private one, supervised like the other children (a restart keeps data)
         private = PrivateRedis()
         redis_child = Child("redis", private.command(), dict(os.environ))
         redis_child.start()

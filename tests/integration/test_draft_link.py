@@ -23,7 +23,6 @@ from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMP
 from services.redis_client import read_heartbeats
 from services.stack import free_port
 from tests.integration.stack import assert_up_stops_cleanly
-from tests.redis_dbs import DATABASES
 
 
 def _cli(*args: str) -> list[str]:
@@ -40,18 +39,15 @@ def _ping_ms(client: redis.Redis, times: int = 5) -> float:
 
 
 @pytest.fixture()
-def clean_redis():
-    """A test database of its own (tests/redis_dbs.py), as a client: its URL is clean_redis.url."""
-    with DATABASES.lease() as url:
-        client = redis.Redis.from_url(url)
-        client.url = url
-        yield client
+def clean_redis(redis_url):
+    """A client of this test's own database (its URL: the redis_url fixture, the same lease)."""
+    return redis.Redis.from_url(redis_url)
 
 
-def test_the_link_delays_redis_keeps_payloads_and_takes_a_new_setting_while_it_runs(clean_redis, tmp_path):
+def test_the_link_delays_redis_keeps_payloads_and_takes_a_new_setting_while_it_runs(clean_redis, redis_url, tmp_path):
     port = free_port()
     log = open(tmp_path / "link.log", "w")
-    link = subprocess.Popen(_cli("link", "40", "--to", clean_redis.url, "--port", str(port), "--seed", "3"),
+    link = subprocess.Popen(_cli("link", "40", "--to", redis_url, "--port", str(port), "--seed", "3"),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         status = None
@@ -62,7 +58,7 @@ def test_the_link_delays_redis_keeps_payloads_and_takes_a_new_setting_while_it_r
             time.sleep(0.05)
         assert status is not None and status.rtt_ms == 40 and status.listen == f"127.0.0.1:{port}", \
             (tmp_path / "link.log").read_text()
-        behind = redis.Redis.from_url(f"redis://127.0.0.1:{port}/{clean_redis.url.rsplit('/', 1)[1]}")
+        behind = redis.Redis.from_url(f"redis://127.0.0.1:{port}/{redis_url.rsplit('/', 1)[1]}")
         assert _ping_ms(behind) >= 35
         payload = os.urandom(3 * 1024 * 1024)
         behind.set("big", payload)
@@ -105,9 +101,10 @@ def _draft_beat(client: redis.Redis, rounds: int, timeout_s: float = 20) -> Hear
 
 
 @pytest.mark.slow
-def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, tmp_path):
+def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, redis_url, tmp_path):
     port = free_port()
-    env = {**os.environ, "MIRROR_SD_REDIS_URL": clean_redis.url, "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}",
+    env = {**os.environ, "MIRROR_SD_REDIS_URL": redis_url,
+           "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}",
            "MIRROR_SD_TELEMETRY__METRICS_PORT": str(free_port())}
     log_path = tmp_path / "up.log"
     log = open(log_path, "w")
@@ -146,7 +143,7 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         assert "round trip p50/p99" in status.stdout, status.stdout
 
         bench = subprocess.run(_cli("bench", "--modes", "stack", "--limit", "1", "-n", "16", "--warmup", "0",
-                                    "--url", f"http://127.0.0.1:{port}", "--redis-url", clean_redis.url,
+                                    "--url", f"http://127.0.0.1:{port}", "--redis-url", redis_url,
                                     "--draft-link", "0,40", "--out", str(tmp_path / "bench"), "--no-progress"),
                                env=env, capture_output=True, text=True, timeout=400)
         assert bench.returncode == 0, bench.stdout + bench.stderr

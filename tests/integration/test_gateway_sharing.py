@@ -61,20 +61,26 @@ def test_two_gateways_hold_one_limit_between_them(redis_url):
     assert again is not None and total == 2
 
 
+def count_claims(admission: SharedAdmission) -> list:
+    """A list that grows by one each time `admission` asks Redis for a slot."""
+    asked = []
+    claim = admission._claim_script
+
+    async def counted(**kwargs):
+        asked.append(1)
+        return await claim(**kwargs)
+
+    admission._claim_script = counted
+    return asked
+
+
 def test_a_full_answer_is_kept_briefly_so_a_bursts_refusals_skip_redis(redis_url):
     async def scenario():
         client = aioredis.Redis.from_url(redis_url)
         a, b = gateways(client)
         await a.acquire("high")
         await a.acquire("high")
-        asked = []
-        claim = b._claim_script
-
-        async def counted(**kwargs):
-            asked.append(1)
-            return await claim(**kwargs)
-
-        b._claim_script = counted
+        asked = count_claims(b)
         burst = [await refused(b) for _ in range(50)]
         early = b.refusal("high")  # what the layer in front of the routes asks, before reading a body
         after_burst = len(asked)
@@ -92,14 +98,7 @@ def test_claims_on_their_way_count_so_a_burst_asks_redis_at_most_the_limit(redis
     async def scenario():
         client = aioredis.Redis.from_url(redis_url)
         (a,) = gateways(client, count=1)
-        asked = []
-        claim = a._claim_script
-
-        async def counted(**kwargs):
-            asked.append(1)
-            return await claim(**kwargs)
-
-        a._claim_script = counted
+        asked = count_claims(a)
         outcomes = await asyncio.gather(*(a.acquire("high") for _ in range(20)), return_exceptions=True)
         await client.aclose()
         return outcomes, len(asked)
