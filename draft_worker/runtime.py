@@ -30,7 +30,7 @@ from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, SessionSpec
-from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats, write_heartbeat
+from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats, release_lease, write_heartbeat
 from services.redis_conn import connect
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
@@ -66,7 +66,7 @@ class DraftRuntime:
 
     @property
     def instance(self) -> str:
-        """This process of the worker: what leases and owner keys name (gateway/recovery.py)."""
+        """This process of the worker: what leases and owner keys name (gateway/sessions/recovery.py)."""
         return protocol.instance_id(self.worker_id, os.getpid())
 
     def close(self) -> None:
@@ -210,7 +210,7 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
         )
         return result
     finally:
-        client.delete(protocol.lease_key(request_id))
+        release_lease(client, request_id, runtime.instance)
 
 
 class DraftHeartbeat(threading.Thread):

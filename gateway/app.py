@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.access_log import AccessLog
-from gateway.dashboard import install_dashboard
+from gateway.observability.access_log import AccessLog
+from gateway.api.dashboard import install_dashboard
 from gateway.errors import install_error_handlers
-from gateway.metrics import GatewayMetrics
-from gateway.generation import router as generation_router
-from gateway.refusal import EarlyAdmission
-from gateway.routes import router, set_gauges
+from gateway.observability.metrics import GatewayMetrics
+from gateway.api.generation import router as generation_router
+from gateway.admission.front_door import EarlyAdmission
+from gateway.api.routes import router, set_gauges
 from gateway.state import GatewayState, load_served_model
 from services.celery_app import create_celery_app
 from services.config import Settings, get_settings
@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 class GatewayApp(FastAPI):
     """FastAPI with the access log and admission in front of its whole middleware stack: a refusal
-    (gateway/refusal.py) goes out before any of FastAPI's layers or a route runs, at the cost of a header
+    (gateway/admission/front_door.py) goes out before any of FastAPI's layers or a route runs, at the cost of a header
     lookup and a counter check."""
 
     def __init__(self, **kwargs) -> None:

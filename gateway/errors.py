@@ -17,6 +17,11 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
+class RequestLost(Exception):
+    """The request's state is gone (Redis lost it, or its output skips tokens): it cannot finish; the client may
+    retry."""
+
+
 class APIError(Exception):
     def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:

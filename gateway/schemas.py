@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.speculative.params import SamplingParams
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -62,6 +64,10 @@ class SamplingFields(BaseModel):
         if self.top_k == -1:
             self.top_k = 0
         return self
+
+    def sampling(self) -> SamplingParams:
+        """The request's sampling values as the workers take them (ValueError when they do not fit)."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
 
 
 class CompletionRequest(SamplingFields):

@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.admission import Admission
-from gateway.cache import Cached
-from gateway.shared_admission import SharedAdmission
-from gateway.similarity import SimilarityIndex
-from gateway.similarity_log import SimilarityLog
-from gateway.single_flight import SingleFlight
-from gateway.stream_tally import StreamTally
+from gateway.admission.slots import Admission
+from gateway.fleet.cache import Cached
+from gateway.admission.shared import SharedAdmission
+from gateway.fleet.similarity import SimilarityIndex
+from gateway.fleet.similarity_log import SimilarityLog
+from gateway.sessions.single_flight import SingleFlight
+from gateway.streams.tally import StreamTally
 from services.config import Settings
 
 logger = logging.getLogger(__name__)

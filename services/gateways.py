@@ -2,7 +2,7 @@
 
 Each process binds the port with SO_REUSEPORT, so the kernel spreads new connections over them, and each keeps
 its own graceful drain (gateway/drain.py): SIGTERM to all of them drains all of them. They share what must be
-shared through Redis: admission (gateway.shared_admission, gateway/shared_admission.py), single-flight and
+shared through Redis: admission (gateway.shared_admission, gateway/admission/shared.py), single-flight and
 similarity routing. Their Prometheus figures are summed over the processes (prometheus_client's multiprocess
 mode, in a folder this group owns): a scrape of the port sees the host's totals whichever process answers.
 One process is the plain single gateway of before: no SO_REUSEPORT, nothing shared, nothing changed.

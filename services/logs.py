@@ -5,7 +5,7 @@ A JSON line carries ts, level, logger, message, service, worker_id and request_i
 taken, first to last, from the record (`logger.info(..., extra={"request_id": ...})`: code such as the
 draft driver or a verify step that serves many requests from one thread), from the context the code
 runs in (`request_context`, a contextvar: per asyncio task in the gateway, per thread in the workers),
-or from a Celery task line's arguments (a session's task id is its request id, gateway/submit.py); it is
+or from a Celery task line's arguments (a session's task id is its request id, gateway/sessions/submit.py); it is
 null on lines about no request.
 """
 

@@ -26,11 +26,12 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
+from services.speculative.params import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: SessionSpec carries its sampling params whole (`sampling`)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
 
 # --- Celery (control path) ---------------------------------------------------
@@ -108,7 +109,7 @@ def revive_key(request_id: str, dead_owner: str) -> str:
 
 
 def flight_key(digest: str) -> str:
-    """Single-flight (gateway/single_flight.py): a hash of the leader and the subscribers of one generation
+    """Single-flight (gateway/sessions/single_flight.py): a hash of the leader and the subscribers of one generation
     that identical requests share."""
     return f"{KEY_PREFIX}:flight:{digest}"
 
@@ -130,7 +131,7 @@ def heartbeat_key(worker_id: str) -> str:
 
 HEARTBEAT_PATTERN = f"{KEY_PREFIX}:heartbeat:*"
 
-# Several gateways sharing admission (gateway/shared_admission.py): the live gateways (a sorted set, id -> lease
+# Several gateways sharing admission (gateway/admission/shared.py): the live gateways (a sorted set, id -> lease
 # expiry in ms on Redis's clock) and each one's slots (a hash, ticket -> API key id or '').
 GATEWAYS_KEY = f"{KEY_PREFIX}:gateways"
 ADMISSION_SLOTS_PREFIX = f"{KEY_PREFIX}:admission:"
@@ -140,7 +141,7 @@ def admission_slots_key(gateway_id: str) -> str:
     return f"{ADMISSION_SLOTS_PREFIX}{gateway_id}"
 
 
-# Several gateways sharing similarity routing (gateway/similarity_log.py): recent prompts' sketches and the verify
+# Several gateways sharing similarity routing (gateway/fleet/similarity_log.py): recent prompts' sketches and the verify
 # worker each went to, a capped stream every gateway tails into its own index.
 SIMILARITY_LOG_KEY = f"{KEY_PREFIX}:similarity:log"
 
@@ -276,13 +277,11 @@ class SessionSpec(Message):
     """Everything a session needs, written once by the gateway under request_key()."""
 
     KIND: ClassVar[str] = "session_spec"
+    NESTED: ClassVar[dict[str, type]] = {"sampling": SamplingParams}
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     priority: int = 1  # 0 high, 1 normal, 2 low

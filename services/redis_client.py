@@ -23,6 +23,19 @@ logger = logging.getLogger(__name__)
 # Retention of per-request keys (spec, output stream, verdicts) after the last write.
 REQUEST_TTL_S = 3600
 
+# Compare-and-delete: drop a session's lease only while `instance` holds it (a driver that lost it to another, or
+# a gateway reviving a dead owner's session, never drops a live owner's).
+RELEASE_LEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def release_lease(client, request_id: str, instance: str):
+    """Drop the session's lease if `instance` holds it: 1 dropped, 0 not (awaitable on an asyncio client)."""
+    return client.eval(RELEASE_LEASE_LUA, 1, protocol.lease_key(request_id), instance)
+
+
 # Append one output event and push its verdict, only if the stream holds exactly
 # `expected_seq` events: a second verifier of the same round (a worker thought
 # dead that was only slow) then cannot commit twice. One round trip. Without an

@@ -3,7 +3,7 @@
 Redis replicates asynchronously: when a primary dies, the replica that takes over may lack its last writes,
 and a pipeline cut by the failure may have carried some too. Either way the stream holds fewer events than
 the worker committed. The worker then appends the missing ones again: the same events with the same
-sequence numbers, so a reader takes each token once (gateway/streaming.py, OutputCursor). Finished
+sequence numbers, so a reader takes each token once (gateway/streams/reader.py, OutputCursor). Finished
 requests are kept a while too: the last event of a request may be the one lost.
 """
 

@@ -23,7 +23,6 @@ from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
 from services.speculative.chaining import chain_holds
-from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -127,7 +126,7 @@ def build_session(engine: TargetEngine, spec: SessionSpec, events: list[OutputEv
     target = engine.target
     output = OutputState.for_request(target, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
                                      ignore_eos=spec.ignore_eos, output_ids=output_ids)
-    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed)
+    sampling = spec.sampling
     stats = events[-1].stats.copy() if events else SpecDecodingStats()
     session = TargetSession(engine, spec.prompt_ids, output=output, sampling=sampling, stats=stats,
                             round_index=len(events))

@@ -23,7 +23,7 @@ from services.models.drafters.synthetic import ReferenceBook
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
 from services.speculative.cost_model import CostModel
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from services.synthetic import describe_label
 
 logger = logging.getLogger(__name__)

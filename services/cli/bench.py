@@ -59,7 +59,7 @@ def bench(
     from services.bench.prompts import load_prompts, select_prompts
     from services.bench.run import BenchConfig, parse_modes, run_bench
     from services.config import get_settings
-    from services.speculative.sampling import SamplingParams
+    from services.speculative.params import SamplingParams
 
     settings = get_settings()
     levels = _parse_link_levels(draft_link, merging, redis_url or settings.redis_url)

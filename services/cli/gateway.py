@@ -51,7 +51,8 @@ def gateway_command(
                             # longer than clients keep idle connections (httpx: 5 s), so a client never
                             # reuses a connection the server is closing at that moment
                             timeout_keep_alive=75,
-                            access_log=False)  # the gateway writes its own, with durations (gateway/access_log.py)
+                            # the gateway writes its own, with durations (gateway/observability/access_log.py)
+                            access_log=False)
     sockets = None
     if reuse_port:
         from services.gateways import reuse_port_socket

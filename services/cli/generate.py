@@ -58,7 +58,7 @@ def generate(
     from pydantic import ValidationError
 
     from services.config import get_settings
-    from services.speculative.sampling import SamplingParams
+    from services.speculative.params import SamplingParams
 
     try:
         settings = get_settings()

@@ -24,7 +24,7 @@ import torch
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, propose_many
 from services.protocol import Verdict
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,9 @@ from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain
+from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
 from services.speculative.chaining import chain_holds
 from services.speculative.cost_model import CostModel
-from services.speculative.sampling import SamplingParams
 from services.speculative.stats import SpecDecodingStats, percentile
 
 logger = logging.getLogger(__name__)
@@ -126,8 +125,7 @@ class DraftSession:
             # shares one draft core: its batched steps can cost more than plain rounds save)
             self._observe_load(recent.rows, draft_sessions)
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
-        self.sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                                       seed=spec.seed)
+        self.sampling = spec.sampling
         self._streams: dict[int, torch.Generator] = {}  # round -> its draft stream (sampling)
         # the first block goes where the gateway found a similar request's KV (cache affinity), a resumed
         # session's to the worker that committed its last round; a worker gone by then is failed over as always
@@ -164,11 +162,8 @@ class DraftSession:
         if self.drafter is None or self._plain_opening:
             return 0
         gamma = self.controller.num_draft_tokens if gamma is None else gamma
-        if self.gamma_cap is not None:
-            gamma = min(gamma, self.gamma_cap)
         remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
-        cap = self.spec.max_draft_tokens if self.spec.max_draft_tokens is not None else remaining
-        return max(0, min(gamma, remaining - 1, cap))
+        return within_limits(gamma, remaining, self.gamma_cap, self.spec.max_draft_tokens)
 
     def _plain_rounds(self) -> int:
         """Target-only rounds the next block asks for (at least 1): the rest of the request on the plain

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from services.config import SpeculativeSettings
 from services.speculative.cost_model import CostModel
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from services.models.drafters.factory import DraftSource
 from services.models.drafters.synthetic import parse_synthetic_spec
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.batched import bound_draft_context
 from services.models.loading import LoadedModel
-from services.speculative.block_length import BlockLengthController, opens_plain
+from services.speculative.block_length import BlockLengthController, opens_plain, within_limits
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -79,8 +79,7 @@ class GenerationSession:
     def _block_length(self) -> int:
         if self.drafter is None or self._plain_opening:
             return 0
-        # A round emits up to gamma + 1 tokens: never draft past the token limit.
-        return max(0, min(self.controller.num_draft_tokens, self.output.remaining - 1, self.target_session.room))
+        return within_limits(self.controller.num_draft_tokens, self.output.remaining, self.target_session.room)
 
     def step(self) -> list[int]:
         """Run one round; return the tokens it added to the output (maybe none, at EOS)."""

@@ -30,7 +30,7 @@ from services.engine.stopping import OutputState
 from services.models.engine import TargetEngine
 from services.errors import ContextLengthError
 from services.models.decoder import ForwardRow
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 from services.speculative.verification import Verification, verify_block
 

@@ -44,6 +44,13 @@ def opens_plain(config: SpeculativeSettings, num_prompt_tokens: int, model_draft
     return model_draft and 0 < config.plain_opening_tokens <= num_prompt_tokens
 
 
+def within_limits(gamma: int, remaining: int, *caps: int | None) -> int:
+    """A block's length: the controller's gamma within the request's limits. A round emits up to gamma + 1
+    tokens, so a block never drafts past the request's last token; `caps` (a degraded pool's gamma, the
+    KV cache's room; None: no cap) cut it further. The same rule in-process and on draft workers."""
+    return max(0, min([gamma, remaining - 1, *(cap for cap in caps if cap is not None)]))
+
+
 LOAD_PLAIN_ROUNDS = 64  # target-only rounds while the load makes drafting not pay, before looking again
 
 

@@ -1,4 +1,4 @@
-"""Sampling parameters and the logits -> probabilities warp shared by draft and target.
+"""The logits -> probabilities warp and the samplers shared by draft and target (the params: params.py).
 
 Lossless sampling needs the *same* warp (temperature, then top-k, then
 top-p, as transformers orders them) applied to both distributions: the
@@ -7,60 +7,13 @@ rejection sampler then reproduces the warped target distribution exactly.
 
 from __future__ import annotations
 
-import hashlib
-
 import logging
-from dataclasses import dataclass
 
 import torch
 
+from services.speculative.params import SamplingParams
+
 logger = logging.getLogger(__name__)
-
-
-GREEDY_BELOW = 1e-5
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy; top_k 0 means no top-k; seed None means random."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-
-    @property
-    def greedy(self) -> bool:
-        """Temperatures below GREEDY_BELOW are greedy (as in vLLM): dividing logits by 1e-300 gives inf - inf."""
-        return self.temperature < GREEDY_BELOW
-
-    def make_generator(self, offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
-        """A seeded generator; `offset` separates the draft's stream from the target's."""
-        generator = torch.Generator(device=device)
-        if self.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed((self.seed + offset) % 2**64)
-        return generator
-
-    def make_stream(self, role: str, index: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
-        """A seeded generator for one named stream, e.g. ("draft", round 7): distinct (role, index)
-        pairs never share random numbers (seed + offset schemes collide across processes)."""
-        generator = torch.Generator(device=device)
-        if self.seed is None:
-            generator.seed()
-        else:
-            digest = hashlib.blake2b(f"{self.seed}:{role}:{index}".encode(), digest_size=8).digest()
-            generator.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
-        return generator
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from services.speculative.sampling import SamplingParams, warp_logits
+from services.speculative.params import SamplingParams
+
+from services.speculative.sampling import warp_logits
 
 logger = logging.getLogger(__name__)
 

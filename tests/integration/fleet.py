@@ -13,10 +13,12 @@ import redis
 
 from draft_worker.runtime import DraftRuntime
 from services.config import SchedulerSettings, Settings, SpeculativeSettings, WorkerSettings
+from services.engine import GenerationOptions, GenerationSession
 from services.models.engine import TorchEngine
 from services.models.drafters import DraftSource
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, request_key, verify_pool_queue
 from services.redis_client import read_events
+from services.speculative.params import SamplingParams
 from tests.redis_dbs import DATABASES
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.worker import VerifyWorker
@@ -73,6 +75,16 @@ def wait_finished(client: redis.Redis, request_id: str, timeout_s: float = 60.0)
             return events
         time.sleep(0.02)
     raise AssertionError(f"request {request_id} did not finish in {timeout_s:.0f}s")
+
+
+def reference(target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+              drafter=None) -> list[int]:
+    """What the request decodes to in-process (the target alone, unless a drafter is given)."""
+    options = GenerationOptions(max_new_tokens=max_new_tokens, ignore_eos=True, sampling=sampling)
+    session = GenerationSession(target, drafter, prompt_ids, options)
+    while not session.finished:
+        session.step()
+    return list(session.output_ids)
 
 
 def output_tokens(client: redis.Redis, request_id: str) -> list[int]:

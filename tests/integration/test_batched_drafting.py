@@ -11,7 +11,7 @@ from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
 from services.models.trimmed_draft import TrimmedDraft
 from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama
 
 GREEDY = SamplingParams()

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from services.config import SchedulerSettings
-from services.engine import GenerationOptions, GenerationSession
 from services.models.drafters import DraftSource
 from services.models.kv_store import PAGE_TOKENS
 from services.protocol import SessionSpec
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
-from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
+from tests.integration.fleet import empty_redis, output_tokens, reference, running_fleet, submit_spec
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +35,6 @@ def prompt(seed: int) -> list[int]:
     length = int(torch.randint(3, 80, (1,), generator=generator))
     ids = torch.randint(0, TINY_VOCAB, (length,), generator=generator).tolist()
     return ids + ids[: length // 3]  # a repeat, so prompt lookup has something to propose
-
-
-def reference(target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-              drafter=None) -> list[int]:
-    options = GenerationOptions(max_new_tokens=max_new_tokens, ignore_eos=True, sampling=sampling)
-    session = GenerationSession(target, drafter, prompt_ids, options)
-    while not session.finished:
-        session.step()
-    return list(session.output_ids)
 
 
 def run_sessions(client, runtime, specs: list[SessionSpec]) -> None:
@@ -107,7 +97,7 @@ def test_seeded_sampling_is_the_same_batched_as_in_process(target, client):
     draft = perturbed_copy(target, scale=0.05, seed=4)
     sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
     specs = [SessionSpec(request_id=f"s-{n}", prompt_ids=prompt(300 + n), max_new_tokens=30, ignore_eos=True,
-                         temperature=1.0, top_p=0.95, seed=11) for n in range(4)]
+                         sampling=sampling) for n in range(4)]
     with running_fleet(client, target, DraftSource("tiny-draft", draft), pipelined=True) as (verify, runtime):
         run_sessions(client, runtime, specs)
     for spec in specs:

@@ -154,6 +154,9 @@ def test_dashboard_shows_live_workers_and_the_thermal_shift(stack, tmp_path):
         for index in range(3):  # something for the tokens/s, TTFT and acceptance charts
             stack.complete(f"{REPEATING} {index}", max_tokens=16)
         wait_page(page, lambda: page.locator("#chart-acceptance rect.bar").count() > 0, "acceptance bars")
+        # the draft worker's link, as it measures it: its PING to Redis and a round's block-to-verdict trip
+        wait_page(page, lambda: text(page, "#drafts td.rtt").endswith("ms")
+                  and text(page, "#drafts td.round-trip").endswith("ms"), "the draft worker's link figures")
 
         injected = stack.cli("telemetry", "inject", "--worker", ACCEL, "--temperature", "90", "--for", "2m")
         assert injected.returncode == 0, injected.stderr

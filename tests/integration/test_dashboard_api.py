@@ -11,7 +11,14 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from services.config import Settings
-from services.protocol import ROUTING_HISTORY_KEY, ROUTING_TABLE_KEY, Heartbeat, RoutingTable, heartbeat_key
+from services.protocol import (
+    ROUTING_HISTORY_KEY,
+    ROUTING_TABLE_KEY,
+    Heartbeat,
+    LinkFigures,
+    RoutingTable,
+    heartbeat_key,
+)
 from services.speculative.stats import SpecDecodingStats
 from services.storage import crud
 from services.storage.db import init_db, session_factory
@@ -29,8 +36,10 @@ def fleet(tmp_path, redis_url):
                          utilization=0.4, num_sessions=2, kv_cache_bytes=3 << 20, queue_depth=1,
                          profile={"step_ms_32x1": 40.0}, overridden=["temperature_c"] if temp else [])
         client.set(heartbeat_key(worker_id), beat.encode(), px=30_000)
-    client.set(heartbeat_key("draft-cpu"), Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu").encode(),
-               px=30_000)
+    link = LinkFigures(redis_rtt_ms=20.4, round_trip_ms_p50=61.0, round_trip_ms_p99=90.0, rounds=12, window=12,
+                       blocks_ahead=3, verified_ahead=0.4)
+    draft = Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu", link=link)
+    client.set(heartbeat_key("draft-cpu"), draft.encode(), px=30_000)
     old = RoutingTable(version=1, pool_weights={"accel": 0.5, "cpu": 0.5}, updated_at=now - 1000)
     mid = RoutingTable(version=2, pool_weights={"accel": 0.5, "cpu": 0.5}, updated_at=now - 20)
     hot = RoutingTable(version=3, pool_weights={"accel": 0.0, "cpu": 1.0}, hot_workers=["verify-accel-0"],
@@ -64,7 +73,9 @@ def test_snapshot_has_workers_history_stats_and_events(fleet):
     accel = workers["verify-accel-0"]
     assert accel["hot"] and accel["temperature_c"] == 90.0 and accel["device_kind"] == "accelerator"
     assert accel["kv_cache_bytes"] == 3 << 20 and accel["queue_depth"] == 1 and "profile" not in accel
-    assert not workers["verify-cpu-0"]["hot"]
+    assert not workers["verify-cpu-0"]["hot"] and workers["verify-cpu-0"]["link"] is None
+    link = workers["draft-cpu"]["link"]  # the draft worker's link figures, for its row in the drafts table
+    assert link["redis_rtt_ms"] == 20.4 and link["round_trip_ms_p99"] == 90.0 and link["blocks_ahead"] == 3
     assert snap["routing"]["version"] == 3 and snap["routing"]["pool_weights"] == {"accel": 0.0, "cpu": 1.0}
     # the chart's window: the two versions inside it, after the last one before it
     assert [h["version"] for h in snap["routing_history"]] == [1, 2, 3]

@@ -13,7 +13,7 @@ from services.models.engine import TorchEngine
 from services.errors import ContextLengthError
 from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter, SelfDrafter
 from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
 
 MAX_NEW_TOKENS = 40

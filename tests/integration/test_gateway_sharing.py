@@ -1,7 +1,7 @@
 """What several gateways share through Redis, two gateways' parts on one real Redis. Admission
-(gateway/shared_admission.py): one limit between them, per tier and per key; a gateway that stops beating
+(gateway/admission/shared.py): one limit between them, per tier and per key; a gateway that stops beating
 (killed) has its slots dropped when its lease runs out; a lost Redis is never an exception other than a
-refusal. Similarity routing (gateway/similarity_log.py): a prompt started on one is found on the other."""
+refusal. Similarity routing (gateway/fleet/similarity_log.py): a prompt started on one is found on the other."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission import Rejected
-from gateway.shared_admission import FULL_HINT_S, SharedAdmission
+from gateway.admission.slots import Rejected
+from gateway.admission.shared import FULL_HINT_S, SharedAdmission
 from services.protocol import GATEWAYS_KEY
 from tests.redis_dbs import DATABASES
 
@@ -200,8 +200,8 @@ def test_without_redis_a_gateway_admits_its_share_and_refuses_the_rest():
 
 
 def test_a_prompt_started_on_one_gateway_is_found_similar_on_the_other(redis_url):
-    from gateway.similarity import SimilarityIndex
-    from gateway.similarity_log import SimilarityLog
+    from gateway.fleet.similarity import SimilarityIndex
+    from gateway.fleet.similarity_log import SimilarityLog
     from services.config import MergingSettings
 
     prompt = list(range(100, 160))
@@ -231,7 +231,7 @@ def test_a_prompt_started_on_one_gateway_is_found_similar_on_the_other(redis_url
 
 
 def test_a_generation_read_on_two_gateways_has_its_stats_counted_by_one(redis_url):
-    from gateway.stream_tally import claim_across_gateways
+    from gateway.streams.tally import claim_across_gateways
 
     async def scenario():
         client = aioredis.Redis.from_url(redis_url)

@@ -19,7 +19,8 @@ from services.models.drafters.gguf import gguf_path, load_gguf_engine
 from services.models.llamacpp import LlamaCppEngine
 from services.models.loading import TargetVocab, load_model, load_target_vocab
 from services.models.tokenization import encode_prompt
-from services.speculative.sampling import SamplingParams, warp_logits
+from services.speculative.params import SamplingParams
+from services.speculative.sampling import warp_logits
 from services.speculative.verification import rejection_sample
 from tests.conftest import WORDS, save_tiny_model
 

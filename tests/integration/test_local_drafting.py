@@ -11,19 +11,19 @@ from types import SimpleNamespace
 import pytest
 
 from services.config import SpeculativeSettings
-from services.engine import GenerationOptions, GenerationSession
 from services.models.drafters import DraftSource
 from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key, owner_key
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
 from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import (
     VerifyThread,
     draft_runtime,
     empty_redis,
     output_tokens,
+    reference,
     start_local,
     submit_spec,
     wait_finished,
@@ -53,14 +53,6 @@ def local(source: DraftSource) -> LocalDrafting:
     return LocalDrafting(source, SpeculativeSettings(block_policy="acceptance"))
 
 
-def reference_output(target, prompt: list[int], max_new_tokens: int) -> list[int]:
-    session = GenerationSession(target, None, prompt, GenerationOptions(max_new_tokens=max_new_tokens,
-                                                                        ignore_eos=True))
-    while not session.finished:
-        session.step()
-    return list(session.output_ids)
-
-
 def spec_of(request_id: str, prompt: list[int], max_new_tokens: int = 30, **fields) -> SessionSpec:
     return SessionSpec(request_id=request_id, prompt_ids=prompt, max_new_tokens=max_new_tokens, ignore_eos=True,
                        **fields)
@@ -79,7 +71,7 @@ def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(clie
             start_local(client, spec_of(f"{kind}-{index}", prompt))
         for index, prompt in enumerate(PROMPTS):
             events = wait_finished(client, f"{kind}-{index}")
-            assert output_tokens(client, f"{kind}-{index}") == reference_output(target, prompt, 30)
+            assert output_tokens(client, f"{kind}-{index}") == reference(target, prompt, 30)
             assert events[-1].worker_id == "verify-t"
             assert client.get(owner_key(f"{kind}-{index}")).decode() == verify.worker.instance
         stats = events[-1].stats
@@ -92,11 +84,11 @@ def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(clie
 def test_a_seeded_sampled_request_is_the_same_drafted_here_or_by_a_draft_worker(client, target, draft):
     verify = VerifyThread(client, target, local=local(draft))
     try:
-        start_local(client, spec_of("here", PROMPTS[0], temperature=1.0, seed=7))
+        start_local(client, spec_of("here", PROMPTS[0], sampling=SamplingParams(temperature=1.0, seed=7)))
         wait_finished(client, "here")
         runtime = draft_runtime(client, draft, pipelined=True)
         try:
-            remote = spec_of("remote", PROMPTS[0], temperature=1.0, seed=7)
+            remote = spec_of("remote", PROMPTS[0], sampling=SamplingParams(temperature=1.0, seed=7))
             submit_spec(client, remote)
             runtime.driver.drive(runtime.new_session(remote, []))
         finally:
@@ -142,7 +134,7 @@ def test_a_local_session_whose_worker_died_resumes_on_another_from_its_output(cl
         events = wait_finished(client, "moved")
     finally:
         second.close()
-    assert output_tokens(client, "moved") == reference_output(target, PROMPTS[2], 60)
+    assert output_tokens(client, "moved") == reference(target, PROMPTS[2], 60)
     assert events[-1].worker_id == "verify-b" and client.get(owner_key("moved")).decode() == \
         second.worker.instance
 
@@ -163,7 +155,7 @@ def test_turns_measure_drafting_against_plain_decoding_and_keep_the_output(clien
             start_local(client, spec_of(f"arms-{index}", prompt, max_new_tokens=40))
         for index, prompt in enumerate(PROMPTS):
             wait_finished(client, f"arms-{index}")
-            assert output_tokens(client, f"arms-{index}") == reference_output(target, prompt, 40)
+            assert output_tokens(client, f"arms-{index}") == reference(target, prompt, 40)
         verify.worker.heartbeat(5.0)
     finally:
         verify.close()

@@ -9,11 +9,12 @@ import time
 import pytest
 import redis
 
-from services.engine import GenerationOptions, GenerationSession
+from draft_worker import driver as driver_module
 from services.models.drafters import DraftSource
 from services.protocol import SessionSpec, cancel_key, output_stream
+from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama, perturbed_copy
-from tests.integration.fleet import VerifyThread, behind_link, draft_runtime, output_tokens, submit_spec
+from tests.integration.fleet import VerifyThread, behind_link, draft_runtime, output_tokens, reference, submit_spec
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13]
 
@@ -31,21 +32,13 @@ def fleet(target, redis_url):
     verify.close()
 
 
-def reference_output(target, max_new_tokens: int) -> list[int]:
-    session = GenerationSession(target, None, PROMPT, GenerationOptions(max_new_tokens=max_new_tokens,
-                                                                        ignore_eos=True))
-    while not session.finished:
-        session.step()
-    return list(session.output_ids)
-
-
 def drive(client, draft_source: DraftSource, *, pipelined: bool, request_id: str, max_new_tokens: int,
           temperature: float = 0.0, seed: int | None = None, block_policy: str = "acceptance", blocks_ahead: int = 0,
           draft_client=None, **speculative):
     runtime = draft_runtime(draft_client or client, draft_source, pipelined=pipelined, block_policy=block_policy,
                             blocks_ahead=blocks_ahead, **speculative)
     spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True,
-                       temperature=temperature, seed=seed)
+                       sampling=SamplingParams(temperature=temperature, seed=seed))
     submit_spec(client, spec)
     try:
         summary = runtime.driver.drive(runtime.new_session(spec, []))
@@ -58,7 +51,7 @@ def drive(client, draft_source: DraftSource, *, pipelined: bool, request_id: str
 def test_pipelined_output_equals_target_only(fleet, target, draft):
     source = (DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1)) if draft == "model"
               else DraftSource("ngram", None))
-    expected = reference_output(target, 40)
+    expected = reference(target, PROMPT, 40)
     tokens, summary, _ = drive(fleet, source, pipelined=True, request_id=f"p-{draft}", max_new_tokens=40)
     assert tokens == expected
     timing = summary.timing
@@ -99,7 +92,7 @@ def test_blocks_verified_ahead_change_nothing_in_the_output(fleet, target, tempe
     assert runs[1][1].timing.chained_rounds == 0
     assert runs[3][1].rounds == runs[1][1].rounds  # the same rounds: only when each was verified moved
     if temperature == 0.0:
-        assert runs[3][0] == reference_output(target, 48)
+        assert runs[3][0] == reference(target, PROMPT, 48)
 
 
 def test_a_draft_that_is_always_right_has_its_rounds_verified_ahead(fleet, target):
@@ -109,7 +102,7 @@ def test_a_draft_that_is_always_right_has_its_rounds_verified_ahead(fleet, targe
     with behind_link(fleet, 60) as linked:
         tokens, summary, _ = drive(fleet, source, pipelined=True, request_id="ahead-exact", max_new_tokens=48,
                                    blocks_ahead=2, draft_client=linked)
-    assert tokens == reference_output(target, 48)
+    assert tokens == reference(target, PROMPT, 48)
     assert summary.timing.chained_rounds > 0 and summary.timing.chains_broken == 0, summary.timing
 
 
@@ -117,7 +110,7 @@ def test_cost_policy_reads_the_pools_verify_curve(fleet, target):
     source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
     tokens, _, runtime = drive(fleet, source, pipelined=True, request_id="cost", max_new_tokens=30,
                                block_policy="cost")
-    assert tokens == reference_output(target, 30)
+    assert tokens == reference(target, PROMPT, 30)
     cost = runtime.cost_model("cpu")
     assert cost.verify_ms == {1: 10.0, 4: 11.0, 9: 12.0} and cost.draft_ms_per_token == 0.5
     assert runtime.cost_model("gpu") is None  # no verify worker there
@@ -127,7 +120,6 @@ def test_model_draft_cache_survives_a_missed_speculation(target):
     """Speculating past a block, then drafting from a shorter committed context, gives what a fresh
     drafter gives: the model draft's cache crops back correctly."""
     from services.engine.draft_pipeline import speculate
-    from services.speculative.sampling import SamplingParams
 
     draft_model = perturbed_copy(target, scale=0.3, seed=2)
     used, fresh = DraftSource("d", draft_model).new_drafter(), DraftSource("d", draft_model).new_drafter()
@@ -145,7 +137,7 @@ def test_a_long_prompt_opens_with_a_target_only_round_while_the_draft_prefills(f
     from services.redis_client import read_events
 
     source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
-    expected = reference_output(target, 30)
+    expected = reference(target, PROMPT, 30)
     tokens, summary, _ = drive(fleet, source, pipelined=True, request_id="opening", max_new_tokens=30,
                                plain_opening_tokens=len(PROMPT))
     assert tokens == expected
@@ -163,7 +155,6 @@ def test_cold_sessions_warm_up_a_budget_per_turn_then_speculate_as_alone(target)
     """A burst of new sessions prefills a piece per driver turn (verdicts are never held up by a whole batch of
     prompts), and what they then speculate is what a drafter that was never cold drafts."""
     from services.engine.draft_pipeline import SpeculationState, speculate_many, warm_up
-    from services.speculative.sampling import SamplingParams
 
     greedy = SamplingParams()
     source = DraftSource("d", perturbed_copy(target, scale=0.3, seed=2))
@@ -204,14 +195,17 @@ def test_a_session_whose_link_makes_drafting_lose_goes_plain_and_says_so(fleet, 
     # target-only rounds
     assert summary.stats.num_drafts <= 5 and summary.stats.num_draft_tokens == summary.stats.num_drafts
     assert summary.stats.num_target_calls > summary.stats.num_drafts + 5
-    assert output_tokens(fleet, "slow-link") == reference_output(target, 24)
+    assert output_tokens(fleet, "slow-link") == reference(target, PROMPT, 24)
 
 
-def test_a_cancellation_is_seen_while_rounds_come_faster_than_the_control_look(fleet, target):
+def test_a_cancellation_is_seen_while_rounds_come_faster_than_the_control_look(fleet, target, monkeypatch):
     """A tiny target's rounds take milliseconds, so blocks go out far more often than the driver's control
     look (CONTROL_EVERY_S): the look must still ride with them now and then (a block sent without it is no
     look), or a cancelled session runs to its end. The target drafts for itself: always right, so the
-    session never goes target-only (where the verify worker would see the cancellation itself)."""
+    session never goes target-only (where the verify worker would see the cancellation itself). The look
+    comes every 20 ms here, still several rounds apart: at 200 ms a fast machine ends the whole session
+    between two looks."""
+    monkeypatch.setattr(driver_module, "CONTROL_EVERY_S", 0.02)
     runtime = draft_runtime(fleet, DraftSource("tiny-self", target), pipelined=True)
     spec = SessionSpec(request_id="cancel-me", prompt_ids=PROMPT, max_new_tokens=240, ignore_eos=True)
     submit_spec(fleet, spec)

@@ -9,6 +9,7 @@ from services.engine.target import run_step
 from services.models.engine import TorchEngine
 from services.models.kv_store import PAGE_TOKENS
 from services.protocol import DraftBlock, OutputEvent, SessionSpec
+from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama
 from verify_worker.sessions import SessionTable, build_session
 
@@ -19,7 +20,7 @@ QUESTION_B = [21, 22, 23]
 
 def spec(request_id: str, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> SessionSpec:
     return SessionSpec(request_id=request_id, prompt_ids=prompt, max_new_tokens=24, ignore_eos=True,
-                       temperature=temperature, seed=seed)
+                       sampling=SamplingParams(temperature=temperature, seed=seed))
 
 
 def decode(engine, session, rounds: int | None = None) -> list[int]:

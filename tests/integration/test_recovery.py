@@ -1,4 +1,4 @@
-"""A stalled stream's check (gateway/recovery.py) against real Redis and a real Celery broker: lost state is
+"""A stalled stream's check (gateway/sessions/recovery.py) against real Redis and a real Celery broker: lost state is
 named, a queued session is left alone, a live owner is left alone, a dead owner's session is re-sent once."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.cache import Cached
-from gateway.recovery import RequestLost, check_stalled
+from gateway.fleet.cache import Cached
+from gateway.errors import RequestLost
+from gateway.sessions.recovery import check_stalled
 from services import protocol
 from services.celery_app import create_celery_app
 from services.config import Settings

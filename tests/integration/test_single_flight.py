@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.single_flight import SingleFlight
+from gateway.sessions.single_flight import SingleFlight
 from services import protocol
 from services.gateway_client import DONE
 from services.protocol import SessionSpec

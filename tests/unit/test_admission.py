@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission, Rejected, tier_limit
+from gateway.admission.slots import Admission, Rejected, tier_limit
 
 
 def run(coro):
@@ -141,12 +141,12 @@ def test_a_cancelled_waiter_leaves_the_queue():
 
 
 def test_the_early_layer_admits_or_refuses_before_the_body_is_read():
-    """gateway/refusal.py: a known caller's slot is taken from the headers alone; a refusal never reaches the
-    app; the slot is back once the app has answered."""
+    """gateway/admission/front_door.py: a known caller's slot is taken from the headers alone; a refusal never
+    reaches the app; the slot is back once the app has answered."""
     import json
     from types import SimpleNamespace
 
-    from gateway.refusal import TICKET, EarlyAdmission
+    from gateway.admission.front_door import TICKET, EarlyAdmission
     from services.config import Settings
 
     admission = Admission(max_inflight=1)

@@ -1,5 +1,5 @@
 from services.config import SpeculativeSettings
-from services.speculative.block_length import BlockLengthController, next_block_length
+from services.speculative.block_length import BlockLengthController, next_block_length, within_limits
 
 CONFIG = SpeculativeSettings(num_draft_tokens=4, min_draft_tokens=1, max_draft_tokens=8, probe_after_rounds=3)
 
@@ -60,3 +60,11 @@ def test_rounds_without_draft_do_not_move_gamma():
     controller = BlockLengthController(CONFIG)
     controller.update(0, 0)
     assert controller.num_draft_tokens == 4 and not controller.fallen_back
+
+
+def test_a_block_stays_within_the_requests_limits():
+    assert within_limits(5, 100) == 5
+    assert within_limits(5, 3) == 2  # a round emits up to gamma + 1 tokens: never past the last one
+    assert within_limits(5, 1) == 0 and within_limits(5, 0) == 0  # the last token: a plain round
+    assert within_limits(5, 100, 3, None) == 3  # a degraded pool's cap; None caps nothing
+    assert within_limits(5, 100, None, 4, 2) == 2  # the lowest cap wins (the KV cache's room)

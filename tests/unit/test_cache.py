@@ -1,8 +1,8 @@
-"""gateway/cache.py: a burst that finds the value stale shares one read."""
+"""gateway/fleet/cache.py: a burst that finds the value stale shares one read."""
 
 import asyncio
 
-from gateway.cache import Cached
+from gateway.fleet.cache import Cached
 
 
 def test_a_stale_value_is_read_once_for_everyone_waiting():

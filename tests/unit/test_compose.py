@@ -101,7 +101,7 @@ def test_cpu_worker_is_the_fallback_pool_the_telemetry_service_uses():
 
 
 def test_sessions_of_both_verify_pools_reach_a_draft_worker():
-    """The gateway sends every session to draft.<its own worker.pool> (gateway/submit.py) and requires a draft
+    """The gateway sends every session to draft.<its own worker.pool> (gateway/sessions/submit.py) and requires a draft
     worker heartbeating in that pool, whichever verify pool routing chose: one draft pool serves both."""
     services = resolved()
     assert pool_of(services["draft-worker"]) == pool_of(services["gateway"]) == "cpu"

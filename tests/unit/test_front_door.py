@@ -1,14 +1,14 @@
-"""The gateway's front door: admitted requests start one per loop pass once arrivals pause (gateway/turns.py),
+"""The gateway's front door: admitted requests start one per loop pass once arrivals pause (gateway/admission/turns.py),
 and the access log writes one line per answered request and one summary a second for refusals
-(gateway/access_log.py)."""
+(gateway/observability/access_log.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from gateway.access_log import REFUSED, AccessLog, RefusalSummary
-from gateway.turns import Turns
+from gateway.observability.access_log import REFUSED, AccessLog, RefusalSummary
+from gateway.admission.turns import Turns
 
 
 class PassCounter:

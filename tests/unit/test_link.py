@@ -178,7 +178,7 @@ def test_a_speculation_says_when_its_drafting_ended_not_when_it_was_read():
     import time
 
     from services.engine.draft_pipeline import SpeculationState, speculate_many
-    from services.speculative.sampling import SamplingParams
+    from services.speculative.params import SamplingParams
     from tests.unit.test_pipeline import CountingDrafter
 
     state = SpeculationState(CountingDrafter(), [1, 2, 3], 2, SamplingParams(), None)
@@ -192,7 +192,7 @@ def test_a_speculation_says_when_its_drafting_ended_not_when_it_was_read():
 def test_metrics_export_a_draft_workers_link_figures_in_seconds():
     from prometheus_client import generate_latest
 
-    from gateway.metrics import GatewayMetrics
+    from gateway.observability.metrics import GatewayMetrics
 
     metrics = GatewayMetrics()
     figures = LinkFigures(redis_rtt_ms=20.0, round_trip_ms_p50=90.0, round_trip_ms_p99=120.0, transport_ms_p50=41.0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.live_stats import LiveStats
+from gateway.observability.live_stats import LiveStats
 from services.speculative.stats import SpecDecodingStats
 
 

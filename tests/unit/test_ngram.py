@@ -1,7 +1,7 @@
 import torch
 
 from services.models.drafters.ngram import NgramDrafter, find_ngram_continuation
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 
 def continuation(context, num, ngram_max=3, ngram_min=1):

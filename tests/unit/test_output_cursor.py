@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.recovery import RequestLost
-from gateway.streaming import OutputCursor
+from gateway.errors import RequestLost
+from gateway.streams.reader import OutputCursor
 from services.protocol import OutputEvent
 
 

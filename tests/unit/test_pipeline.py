@@ -12,7 +12,7 @@ from services.config import SpeculativeSettings
 from services.models.drafters.ngram import NgramDrafter
 from services.protocol import Verdict
 from services.speculative.block_length import BlockLengthController
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 
 def verdict(accepted: int, committed: list[int], finished: bool = False) -> Verdict:

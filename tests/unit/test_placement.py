@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.workers import drafts_locally
+from gateway.fleet.workers import drafts_locally
 from services.protocol import Heartbeat
 from services.stack import choose_placement
 

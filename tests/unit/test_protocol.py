@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from services import protocol
+from services.speculative.params import SamplingParams
 from services.protocol import (
     MAX_MESSAGE_BYTES,
     ChildStatus,
@@ -16,7 +17,8 @@ from services.protocol import (
 )
 
 EXAMPLES = [
-    SessionSpec(request_id="r1", prompt_ids=[1, 2, 3], max_new_tokens=8, temperature=0.7, stop=["\n"], seed=3),
+    SessionSpec(request_id="r1", prompt_ids=[1, 2, 3], max_new_tokens=8,
+                sampling=SamplingParams(temperature=0.7, seed=3), stop=["\n"]),
     DraftBlock(request_id="r1", round=2, num_committed=5, draft_ids=[7, 8], draft_probs=b"\x00" * 8, vocab_size=2),
     Verdict(request_id="r1", round=2, num_committed=7, num_draft_tokens=2, num_accepted=1, committed_ids=[7, 9]),
     OutputEvent(request_id="r1", seq=0, token_ids=[7, 9], num_output_tokens=2, finished=True, finish_reason="stop"),
@@ -64,6 +66,12 @@ def test_oversized_payload_is_refused_before_parsing():
         (Heartbeat, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "heartbeat",
                                    "body": {**EXAMPLES[5].to_dict(), "draft_fallback": {"draft": 3}}}),
          "draft_fallback.draft has the wrong type"),
+        (SessionSpec, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "session_spec",
+                                     "body": {**EXAMPLES[0].to_dict(), "sampling": {"top_p": 5.0}}}),
+         r"top_p must be in \(0, 1\]"),
+        (SessionSpec, msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "session_spec",
+                                     "body": {**EXAMPLES[0].to_dict(), "sampling": {"seed": "7"}}}),
+         "seed must be an integer"),
     ],
 )
 def test_bad_messages_raise_protocol_error(kind, raw, message):
@@ -110,3 +118,14 @@ def test_names_are_namespaced():
     assert protocol.draft_queue("cpu") == "draft.cpu"
     assert protocol.verify_pool_queue("gpu").startswith("mirror-sd:")
     assert protocol.output_stream("x") != protocol.verdict_queue("x")
+
+
+def test_a_spec_carries_its_sampling_params_whole():
+    spec = SessionSpec.decode(EXAMPLES[0].encode())
+    assert spec.sampling == SamplingParams(temperature=0.7, seed=3) and not spec.sampling.greedy
+    body = EXAMPLES[0].to_dict()
+    assert body["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 3}
+    assert "temperature" not in body  # one object, not its fields copied beside the others
+    del body["sampling"]  # a spec without one samples greedily
+    raw = msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "session_spec", "body": body})
+    assert SessionSpec.decode(raw).sampling == SamplingParams()

@@ -74,7 +74,7 @@ def test_missing_heartbeat_drops_the_worker():
 
 def test_gateway_route_choice_follows_weights_and_rules():
     from gateway.errors import APIError
-    from gateway.routing import choose_route
+    from gateway.fleet.routing import choose_route
     from services.protocol import RoutingTable
 
     table = RoutingTable(version=3, pool_weights={"gpu": 0.75, "cpu": 0.25}, ar_pools=["cpu"],

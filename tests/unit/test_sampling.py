@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from services.speculative.sampling import SamplingParams, sample_from_probs, warp_logits
+from services.speculative.params import SamplingParams
+
+from services.speculative.sampling import sample_from_probs, warp_logits
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 import random
 
-from gateway.routing import Route, choose_affinity
-from gateway.similarity import Similar, SimilarityIndex, shingles
+from gateway.fleet.routing import Route, choose_affinity
+from gateway.fleet.similarity import Similar, SimilarityIndex, shingles
 from services.config import MergingSettings
 from services.protocol import RoutingTable
 

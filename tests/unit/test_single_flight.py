@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.single_flight import Flight, flight_key
-from gateway.stream_tally import StreamTally
-from services.speculative.sampling import GREEDY_BELOW
+from gateway.sessions.single_flight import Flight, flight_key
+from gateway.streams.tally import StreamTally
+from services.speculative.params import GREEDY_BELOW
 
 PROMPT_IDS = [5, 6, 7, 8]
 

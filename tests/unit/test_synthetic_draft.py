@@ -9,7 +9,7 @@ from services.models.drafters.synthetic import (
     parse_synthetic_spec,
 )
 from services.models.random_shapes import parse_random_spec
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 from services.synthetic import describe_label, synthetic_label, worker_synthetic
 
 

@@ -4,7 +4,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from services.speculative.sampling import SamplingParams, warp_logits
+from services.speculative.params import SamplingParams
+
+from services.speculative.sampling import warp_logits
 from services.speculative.verification import greedy_verify, rejection_sample
 
 VOCAB = 8

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 
 @dataclass

@@ -32,7 +32,8 @@ from services.models.decoder import ForwardRow
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams, sample_from_probs, warp_logits
+from services.speculative.params import SamplingParams
+from services.speculative.sampling import sample_from_probs, warp_logits
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.ngram import NgramDrafter
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ import torch
 from services.models.drafters.base import DraftProposal
 from services.models.kv_cache import CachedLM
 from services.models.loading import LoadedModel
-from services.speculative.sampling import SamplingParams, sample_from_probs, warp_logits
+from services.speculative.params import SamplingParams
+from services.speculative.sampling import sample_from_probs, warp_logits
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from services.models.drafters.base import DraftProposal
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from services.models.drafters.base import DraftProposal
-from services.speculative.sampling import SamplingParams
+from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Admission before any request work: an ASGI layer in front of the application takes a generation request's
-admission slot (gateway/admission.py) as soon as its headers are in, when its caller is known from the headers
-alone (auth off, or a key in the cache). A refusal (503 full or draining, 429 a key over its limit) goes out
-then: the body is never read, nothing is parsed or validated, no route runs. Admitted requests start their
-own work one per loop pass, once requests stop arriving (gateway/turns.py), so a refusal never waits behind the
-parsing and tokenizing of a burst's admissions.
+admission slot (gateway/admission/slots.py) as soon as its headers are in, when its caller is known from the
+headers alone (auth off, or a key in the cache). A refusal (503 full or draining, 429 a key over its limit) goes
+out then: the body is never read, nothing is parsed or validated, no route runs. Admitted requests start their
+own work one per loop pass, once requests stop arriving (gateway/admission/turns.py), so a refusal never waits
+behind the parsing and tokenizing of a burst's admissions.
 
 The route finds the slot in the request's state (`early_ticket`); a request this layer cannot place (a key not
 cached yet) is admitted by the route the same way. The slot is given back when the response has been sent (or
@@ -16,11 +16,11 @@ from functools import lru_cache
 
 from fastapi import Request
 
-from gateway.access_log import REFUSED, RefusalSummary
-from gateway.admission import Rejected, Ticket
-from gateway.auth import known_caller
+from gateway.observability.access_log import REFUSED, RefusalSummary
+from gateway.admission.slots import Rejected, Ticket
+from gateway.admission.auth import known_caller
 from gateway.errors import error_body
-from gateway.turns import Turns
+from gateway.admission.turns import Turns
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 TICKET = "admission_ticket"
@@ -70,7 +70,7 @@ class EarlyAdmission:
             return
         scope.setdefault("state", {})[TICKET] = ticket
         try:
-            await self.turns.take()  # one admitted request's first stretch per loop pass (gateway/turns.py)
+            await self.turns.take()  # one admitted request's first stretch per loop pass (gateway/admission/turns.py)
             await self.app(scope, receive, send)
         finally:
             state.admission.release(ticket)

@@ -2,7 +2,7 @@
 
 Whatever ends an answer (its last token, a timeout, the client leaving, Redis losing the request) gives the
 admission slot back and, unless the session finished, cancels it, or, for a request sharing an identical
-one's generation (gateway/single_flight.py), leaves that flight: the last reader out cancels."""
+one's generation (gateway/sessions/single_flight.py), leaves that flight: the last reader out cancels."""
 
 from __future__ import annotations
 
@@ -18,18 +18,19 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from gateway import responses
-from gateway.admission import Ticket
-from gateway.auth import Caller, authenticate
-from gateway.ending import close_follower_row, end_answer
-from gateway.errors import APIError, error_body
-from gateway.recovery import RequestLost
-from gateway.refusal import early_ticket
+from gateway.api import responses
+from gateway.admission.slots import Ticket
+from gateway.admission.auth import Caller, authenticate
+from gateway.sessions.ending import close_follower_row, end_answer
+from gateway.errors import APIError, RequestLost, error_body
+from gateway.sessions.recovery import check_stalled
+from gateway.admission.front_door import early_ticket
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gateway.state import GatewayState
-from gateway.stream_tally import StreamShare, claim_across_gateways
-from gateway.streaming import AnswerCancelled, IncrementalText, RequestTimeout, read_output, sd_stats
-from gateway.submit import Submitted, admit, check_model, submit
+from gateway.streams.tally import StreamShare, claim_across_gateways
+from gateway.streams.reader import AnswerCancelled, RequestTimeout, read_output
+from gateway.streams.text import IncrementalText, sd_stats
+from gateway.sessions.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
 from services.protocol import OutputEvent, answer_cancel_key, output_stream
 
@@ -88,7 +89,7 @@ def _stats(submitted: Submitted, last, synthetic: dict | None = None) -> dict:
 def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_tokens: int, started: float,
              first_token_at: float | None, count_work: bool) -> None:
     """Per request: its finish, tokens and latency. The generation's drafting stats only with count_work
-    (once per generation, whoever of its readers ends it: gateway/stream_tally.py)."""
+    (once per generation, whoever of its readers ends it: gateway/streams/tally.py)."""
     logger.info("request %s finished: %s, %d tokens in %.0f ms", submitted.request_id,
                 last.finish_reason if last else "no output", num_tokens, 1000 * (time.monotonic() - started))
     state.metrics.observe_finished(
@@ -103,8 +104,13 @@ def _observe(state: GatewayState, submitted: Submitted, chat: bool, last, num_to
 def _read(state: GatewayState, submitted: Submitted, share: StreamShare) -> AsyncIterator[OutputEvent]:
     """The generation's events (a follower's are its leader's); in a flight, this answer can be cancelled alone."""
     cancel = answer_cancel_key(submitted.request_id) if submitted.flight is not None else None
-    return read_output(state, submitted.source_id, state.settings.gateway.request_timeout_s, submitted.spec.priority,
-                       share=share, cancel_key=cancel)
+    source, priority = submitted.source_id, submitted.spec.priority
+
+    async def on_stall(stalled_s: float) -> None:  # the reader reports; sessions/recovery.py acts
+        await check_stalled(state, source, priority, stalled_s)
+
+    return read_output(state, source, state.settings.gateway.request_timeout_s, on_stall=on_stall, share=share,
+                       cancel_key=cancel)
 
 
 async def _end(state: GatewayState, submitted: Submitted, chat: bool, share: StreamShare, *, last, finished: bool,

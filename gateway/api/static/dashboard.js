@@ -60,6 +60,19 @@ function workerRow(w) {
     badges);
 }
 
+// A draft worker's link to Redis (services/link/meter.py): its PING, a round's block-to-verdict trip, and the
+// blocks it keeps out ahead of their verdicts with the share of rounds verified ahead.
+function linkCells(link) {
+  const l = link || {};
+  const ahead = l.blocks_ahead === null || l.blocks_ahead === undefined ? "-"
+    : `${l.blocks_ahead}${l.verified_ahead === null || l.verified_ahead === undefined ? ""
+      : ` (${fmt.pct(l.verified_ahead)} of rounds)`}`;
+  return [el("td", {class: "rtt"}, fmt.ms(l.redis_rtt_ms)),
+    el("td", {class: "round-trip"}, l.round_trip_ms_p50 === null || l.round_trip_ms_p50 === undefined ? "-"
+      : `${fmt.ms(l.round_trip_ms_p50)} / ${fmt.ms(l.round_trip_ms_p99)}`),
+    el("td", {class: "ahead"}, ahead)];
+}
+
 function fallbackBadge(w) {
   return el("span", {class: "badge alert", title: w.draft_fallback.reason}, `fallback (${w.draft_fallback.fault})`);
 }
@@ -110,11 +123,11 @@ function renderPools(snap) {
        `drafting with ${w.draft_fallback.serving} instead`));
   document.getElementById("drafts").replaceChildren(...notes, ...(drafts.length
     ? [el("table", {class: "workers"},
-        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "beat", ""]
-          .map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "Redis RTT",
+          "round trip p50 / p99", "blocks ahead", "beat", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...drafts.map((w) => el("tr", {"data-worker": w.worker_id},
           el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {class: "draft"}, w.model),
-          el("td", {}, w.num_sessions), el("td", {}, `${fmt.num(w.age_s)} s`),
+          el("td", {}, w.num_sessions), ...linkCells(w.link), el("td", {}, `${fmt.num(w.age_s)} s`),
           el("td", {class: "flags"}, ...(w.draft_fallback ? [fallbackBadge(w)] : [])))))),
        ...fallbacks]
     : [...(local.length ? [] : [el("p", {class: "muted"}, "no draft worker is heartbeating")]), ...fallbacks]));

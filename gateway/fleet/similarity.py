@@ -4,7 +4,7 @@ one goes to the verify worker that holds that one's KV (its prefix is then copie
 A prompt's sketch is the MinHash of its token shingles (`shingle_tokens` consecutive ids). The index keeps
 the last `index_size` prompts, and learns which verify worker holds each from the first output event
 (OutputEvent.worker_id). Whether the worker may take the request (alive, not hot, in a pool the routing table
-gives traffic) is the router's call (gateway/routing.py `affinity_route`), not the index's.
+gives traffic) is the router's call (gateway/fleet/routing.py `affinity_route`), not the index's.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class SimilarityIndex:
         return sketch
 
     def sketch_of(self, hashvalues) -> MinHash:
-        """A sketch from its hash values (another gateway's, gateway/similarity_log.py)."""
+        """A sketch from its hash values (another gateway's, gateway/fleet/similarity_log.py)."""
         return MinHash(num_perm=self.num_perm, hashvalues=hashvalues, permutations=self._permutations,
                        scheme=self._scheme)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from gateway.admission import _GRANTED, TIERS, Admission, Rejected, Ticket
+from gateway.admission.slots import _GRANTED, TIERS, Admission, Rejected, Ticket
 from services.protocol import ADMISSION_SLOTS_PREFIX, GATEWAYS_KEY, admission_slots_key
 
 logger = logging.getLogger(__name__)

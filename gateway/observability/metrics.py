@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
-from gateway.live_stats import LiveStats
+from gateway.observability.live_stats import LiveStats
 from services.gateways import MULTIPROC_ENV
 from services.protocol import CHILD_STATES, ChildStatus, Heartbeat, RoutingTable
 

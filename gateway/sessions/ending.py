@@ -2,7 +2,7 @@
 up, a follower's own row closed.
 
 A request alone cancels its session when its answer ends early (client gone, timeout, Redis lost it). A
-request in a flight (gateway/single_flight.py) leaves it instead, and only the last subscriber to leave
+request in a flight (gateway/sessions/single_flight.py) leaves it instead, and only the last subscriber to leave
 early cancels the generation; a follower's row is closed by its gateway, since no draft worker drives it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import redis
 
-from gateway.single_flight import Flight
+from gateway.sessions.single_flight import Flight
 from gateway.state import GatewayState
 from services.protocol import OutputEvent, answer_cancel_key, cancel_key
 from services.redis_client import REQUEST_TTL_S

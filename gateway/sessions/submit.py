@@ -9,15 +9,15 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from gateway.admission import Rejected, Ticket
-from gateway.auth import Caller
-from gateway.ending import end_answer
+from gateway.admission.slots import Rejected, Ticket
+from gateway.admission.auth import Caller
+from gateway.sessions.ending import end_answer
 from gateway.errors import APIError
 from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
-from gateway.routing import affinity_route, route_request
-from gateway.single_flight import Flight, flight_key
-from gateway.workers import drafts_locally, live_workers, missing_roles
+from gateway.fleet.routing import affinity_route, route_request
+from gateway.sessions.single_flight import Flight, flight_key
+from gateway.fleet.workers import drafts_locally, live_workers, missing_roles
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
 from services.engine.target import check_request_fits
@@ -33,7 +33,6 @@ from services.protocol import (
     verify_worker_queue,
 )
 from services.redis_client import REQUEST_TTL_S
-from services.speculative.sampling import SamplingParams
 from services.storage import crud
 
 logger = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ def resolve_max_tokens(state: GatewayState, params: SamplingFields, num_prompt_t
 def _validate(state: GatewayState, params: SamplingFields, prompt_ids: list[int], max_new_tokens: int) -> None:
     try:
         check_request_fits(state.model.name, state.model.max_context, len(prompt_ids), max_new_tokens)
-        SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed)
+        params.sampling()
         StopStrings(state.model.tokenizer, params.stop)
     except ContextLengthError as exc:
         raise APIError(400, str(exc), param="prompt", code="context_length_exceeded") from exc
@@ -134,7 +133,7 @@ async def admit(state: GatewayState, caller: Caller) -> Ticket:
 
 async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: str, params: SamplingFields,
                  prompt_ids: list[int], default_max_tokens: int | None) -> Submitted:
-    """Validate; then follow an identical generation in flight (gateway/single_flight.py), or start a session:
+    """Validate; then follow an identical generation in flight (gateway/sessions/single_flight.py), or start a session:
     route, write the request row and spec, send the session task. The caller holds a slot."""
     max_new_tokens = resolve_max_tokens(state, params, len(prompt_ids), default_max_tokens)
     _validate(state, params, prompt_ids, max_new_tokens)
@@ -162,8 +161,8 @@ async def submit(state: GatewayState, caller: Caller, *, endpoint: str, prefix: 
 
 def _row_params(ask: Ask, flight: Flight | None) -> dict:
     params = ask.params
-    row = {"max_tokens": ask.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-           "top_k": params.top_k, "seed": params.seed, "stop": list(params.stop), "stream": params.stream}
+    row = {"max_tokens": ask.max_new_tokens, **params.sampling().to_wire(), "stop": list(params.stop),
+           "stream": params.stream}
     if flight is not None:  # JSON, so no migration; a DELETE reads the flight from here
         row.update(single_flight=flight.key, merged_into=flight.merged_into)
     return row
@@ -189,10 +188,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         request_id=request_id,
         prompt_ids=ask.prompt_ids,
         max_new_tokens=ask.max_new_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        seed=params.seed,
+        sampling=params.sampling(),
         stop=list(params.stop),
         ignore_eos=params.ignore_eos,
         priority=PRIORITY_LEVELS[caller.priority],

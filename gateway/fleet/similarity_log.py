@@ -1,6 +1,6 @@
 """Similarity routing across several gateways: one index, kept by every gateway from a log in Redis.
 
-Each gateway's SimilarityIndex (gateway/similarity.py) is in its memory. With several gateways, each also
+Each gateway's SimilarityIndex (gateway/fleet/similarity.py) is in its memory. With several gateways, each also
 appends to one capped stream what it adds to its index (a new session's prompt sketch and cache salt) and what it
 learns (the verify worker holding a session's KV), and tails that stream into its own index. A request reaching
 gateway B then finds a similar one started on gateway A as A would, a few milliseconds after A started it. A
@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aioredis
 from datasketch import MinHash
 
-from gateway.similarity import SimilarityIndex
+from gateway.fleet.similarity import SimilarityIndex
 from services.protocol import SIMILARITY_LOG_KEY
 
 logger = logging.getLogger(__name__)

@@ -1,21 +1,22 @@
-"""Read a request's output stream and turn token ids into text deltas."""
+"""Read a request's output stream: its events in order, once each, across Redis outages and failovers.
+
+A stall (no event for STALL_CHECK_S) or a Redis that came back is reported to the reader's `on_stall`
+(the caller wires it to gateway/sessions/recovery.py); the reader itself neither submits nor revives."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import redis
 
-from gateway.recovery import RequestLost, check_stalled
+from gateway.errors import RequestLost
 from gateway.state import GatewayState
-from gateway.stream_tally import StreamShare
-from services.engine.stopping import StopStrings
+from gateway.streams.tally import StreamShare
 from services.protocol import OutputEvent, output_stream
-from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
@@ -49,21 +50,25 @@ class AnswerCancelled(Exception):
     """A DELETE of this client's request, whose generation goes on for others reading it (single-flight)."""
 
 
-STALL_CHECK_S = 2.0  # no event for this long: ask whether the session can still finish (gateway/recovery.py)
+STALL_CHECK_S = 2.0  # no event for this long: ask whether the session can still finish (on_stall)
 REDIS_OUTAGE_S = 30.0  # Redis unreachable for longer: the request ends with an error
 RECONNECT_BACKOFF_S = (0.1, 2.0)
 CANCEL_CHECK_S = 0.25  # how often a reader looks for its own answer's cancellation (the draft driver's is 0.2 s)
 
 
-async def read_output(state: GatewayState, request_id: str, timeout_s: float, priority: int = 1, *,
+StallCheck = Callable[[float], Awaitable[object]]  # seconds without progress -> may raise RequestLost
+
+
+async def read_output(state: GatewayState, request_id: str, timeout_s: float, *, on_stall: StallCheck | None = None,
                       share: StreamShare | None = None, cancel_key: str | None = None) -> AsyncIterator[OutputEvent]:
     """Yield the request's events in order until the finished one (XREAD blocks on Redis).
 
     Rides out a Redis outage or failover (reconnecting with backoff, then reading the stream again from its
-    start: an OutputCursor yields each token once, however often its round was committed); raises RequestLost when
-    the request's state did not survive it, or when it lasts past REDIS_OUTAGE_S. With `share`, tokens/s
-    counts only the events no other reader here counted; with `cancel_key`, raises AnswerCancelled once
-    that key is set."""
+    start: an OutputCursor yields each token once, however often its round was committed), then asks `on_stall`
+    whether the request survived it; raises RequestLost when an outage lasts past REDIS_OUTAGE_S (and lets
+    `on_stall`'s RequestLost through). `on_stall` is also asked when no event has come for STALL_CHECK_S.
+    With `share`, tokens/s counts only the events no other reader here counted; with `cancel_key`, raises
+    AnswerCancelled once that key is set."""
     stream = output_stream(request_id)
     last_id = "0-0"
     cursor = OutputCursor()
@@ -77,15 +82,17 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
             if outage_since is not None:  # Redis is back: did it keep this request?
                 logger.info("request %s: Redis is back after %.1fs", request_id, time.monotonic() - outage_since)
                 outage_since, backoff = None, RECONNECT_BACKOFF_S[0]
-                await check_stalled(state, request_id, priority)
+                if on_stall is not None:
+                    await on_stall(0.0)
                 # A failover's new primary may lack the last events read, and hold them again later under
                 # other ids (committed again): read the stream from its start, the cursor skipping repeats.
                 last_id = "0-0"
                 continue
             now = time.monotonic()
-            if not response and now - last_progress >= STALL_CHECK_S and now - checked_at >= STALL_CHECK_S:
+            if on_stall is not None and not response and now - last_progress >= STALL_CHECK_S and \
+                    now - checked_at >= STALL_CHECK_S:
                 checked_at = now
-                await check_stalled(state, request_id, priority, stalled_s=now - last_progress)
+                await on_stall(now - last_progress)
             if cancel_key is not None and now - cancel_checked_at >= CANCEL_CHECK_S:
                 cancel_checked_at = now
                 if await state.redis.exists(cancel_key):
@@ -117,52 +124,3 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, pr
                     return
         if time.monotonic() > deadline:
             raise RequestTimeout(f"request {request_id} produced no final output within {timeout_s:.0f}s")
-
-
-class IncrementalText:
-    """Token ids -> text deltas that never split a character and never leak part of a stop string."""
-
-    def __init__(self, tokenizer: object, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stop_strings = StopStrings(tokenizer, stop)
-        self._holdback = max((len(s) for s in stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.sent = ""
-
-    def text(self) -> str:
-        """The whole text so far, stop strings cut."""
-        return self.stop_strings.truncate(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
-
-    def feed(self, token_ids: list[int]) -> str:
-        self.token_ids.extend(token_ids)
-        text = self.text()
-        safe = text[: len(text) - self._holdback] if self._holdback else text
-        safe = safe.rstrip("\ufffd")  # an incomplete multi-byte character
-        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
-            return ""
-        delta, self.sent = safe[len(self.sent):], safe
-        return delta
-
-    def finish(self) -> str:
-        text = self.text()
-        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
-        self.sent = text
-        return delta
-
-
-def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
-    """Per-request speculative-decoding stats, vLLM-style counters plus the derived rates."""
-    stats = event.stats if event else SpecDecodingStats()
-    return {
-        "request_id": request_id,
-        "num_rounds": event.seq + 1 if event else 0,  # one output event per verified round
-        "num_cached_tokens": event.num_cached_tokens if event else 0,  # prompt tokens reused, not prefilled
-        "verify_worker": event.worker_id or None if event else None,  # where the request's KV is
-        "num_drafts": stats.num_drafts,
-        "num_draft_tokens": stats.num_draft_tokens,
-        "num_accepted_tokens": stats.num_accepted_tokens,
-        "acceptance_rate": stats.acceptance_rate,
-        "mean_acceptance_length": stats.mean_acceptance_length,
-        "num_draft_tokens_per_pos": list(stats.num_draft_tokens_per_pos),
-        "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos),
-    }

@@ -22,25 +22,16 @@ from __future__ import annotations
 
 import logging
 
+from gateway.errors import RequestLost
 from gateway.state import GatewayState
-from gateway.submit import start
-from gateway.workers import live_workers
+from gateway.sessions.submit import start
+from gateway.fleet.workers import live_workers
 from services import protocol
+from services.redis_client import release_lease
 
 logger = logging.getLogger(__name__)
 
-# Compare-and-delete: drop the dead owner's lease (else the new task waits out its TTL), never a live one's.
-_RELEASE_LEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 UNSTARTED_RESEND_S = 30.0
-
-
-class RequestLost(Exception):
-    """The request's state is gone (Redis lost it): it cannot finish; the client may retry."""
 
 
 async def owner_alive(redis, instance: str) -> bool:
@@ -96,7 +87,7 @@ async def check_stalled(state: GatewayState, request_id: str, priority: int, sta
         return False
     if not await redis.set(protocol.revive_key(request_id, owner_id), b"1", nx=True, ex=600):
         return False  # another gateway (or an earlier check) already re-sent it
-    await redis.eval(_RELEASE_LEASE_LUA, 1, protocol.lease_key(request_id), owner_id)
+    await release_lease(redis, request_id, owner_id)  # the dead owner's (else the new task waits out its TTL)
     role = "verify worker" if spec.draft_placement == "local" else "draft worker"
     await _resend(state, spec, f"{role} {owner_id} is gone")
     return True

@@ -29,7 +29,6 @@ from gateway.schemas import SamplingFields
 from services import protocol
 from services.protocol import SessionSpec
 from services.redis_client import REQUEST_TTL_S
-from services.speculative.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +71,7 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
     requested route too, since seeded samples differ between plain and speculative rounds and a client
     asking for "ar" asks for that generation; the cache salt, so requests only share within one. Not in it:
     streaming and the endpoint's formatting."""
-    sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                              seed=params.seed)
+    sampling = params.sampling()
     if sampling.greedy:
         knobs: dict[str, object] = {"greedy": True}
     elif sampling.seed is not None:

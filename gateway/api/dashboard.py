@@ -19,10 +19,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from gateway.auth import Caller, authenticate
-from gateway.routing import current_table
+from gateway.admission.auth import Caller, authenticate
+from gateway.fleet.routing import current_table
 from gateway.state import GatewayState
-from gateway.workers import live_workers
+from gateway.fleet.workers import live_workers
 from services.protocol import CHILDREN_KEY, ROUTING_HISTORY_KEY, Heartbeat, RoutingTable
 from services.redis_client import decode_children
 from services.storage import crud
@@ -58,6 +58,7 @@ def worker_view(beat: Heartbeat, table: RoutingTable | None, now: float) -> dict
     view = {name: getattr(beat, name) for name in WORKER_FIELDS}
     view.update(acceptance_rate=beat.acceptance_rate, age_s=round(now - beat.sent_at, 2),
                 draft_fallback=beat.draft_fallback.to_wire() if beat.draft_fallback else None,
+                link=beat.link.to_wire() if beat.link is not None else None,  # a draft worker's, as it measures it
                 hot=bool(table and beat.worker_id in table.hot_workers),
                 alert=bool(table and beat.worker_id in table.alerts))
     return view

@@ -1,6 +1,7 @@
 """HTTP endpoints: models, request status and cancellation, health, version, metrics.
 
-Generation (/v1/completions, /v1/chat/completions) is in gateway/generation.py; the fleet views (/v1/telemetry, /v1/dashboard, the /dashboard page) are in gateway/dashboard.py."""
+Generation (/v1/completions, /v1/chat/completions) is in gateway/api/generation.py; the fleet views
+(/v1/telemetry, /v1/dashboard, the /dashboard page) are in gateway/api/dashboard.py."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.auth import Caller, authenticate
+from gateway.admission.auth import Caller, authenticate
 from gateway.errors import APIError
-from gateway.ending import cancel_answer
-from gateway.routing import current_table
+from gateway.sessions.ending import cancel_answer
+from gateway.fleet.routing import current_table
 from gateway.state import GatewayState
-from gateway.workers import drafts_locally, live_workers
+from gateway.fleet.workers import drafts_locally, live_workers
 from services import __version__
 from services.logs import bind_request
 from services.protocol import CHILDREN_KEY

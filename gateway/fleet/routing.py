@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass
 
 from gateway.errors import APIError
-from gateway.similarity import Similar
+from gateway.fleet.similarity import Similar
 from gateway.state import GatewayState
-from gateway.workers import live_workers
+from gateway.fleet.workers import live_workers
 from services.config import TelemetrySettings
 from services.protocol import ROUTING_TABLE_KEY, RoutingTable
 
@@ -78,7 +78,7 @@ def choose_affinity(route: Route, similar: list[Similar], *, table: RoutingTable
 
 async def affinity_route(state: GatewayState, route: Route, sketch, salt: str | None = None
                          ) -> tuple[Route, Similar | None]:
-    """Cache affinity for a request whose prompt sketch is `sketch` (gateway/similarity.py)."""
+    """Cache affinity for a request whose prompt sketch is `sketch` (gateway/fleet/similarity.py)."""
     similar = state.similarity.most_similar(sketch, salt=salt) if state.similarity is not None else []
     if not similar:
         return route, None

@@ -1,5 +1,5 @@
 """The gateway's access log: one line per answered request, written when its response has ended, with its
-status and duration; early refusals (gateway/refusal.py) are counted, not logged one by one.
+status and duration; early refusals (gateway/admission/front_door.py) are counted, not logged one by one.
 
 uvicorn's own access line is off (`mirror-sd gateway`): it is written as a response starts, so a stream's
 line tells neither how long it ran nor how it ended, and in a burst of refusals, formatting and writing a
