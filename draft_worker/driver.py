@@ -22,7 +22,9 @@ for all of them at once:
   soon as the one before is accepted whole, and the link's trip is off the
   round (services/speculative/chaining.py);
 - every CONTROL_EVERY_S: cancellations, failover (a block whose verify
-  worker stopped heartbeating goes to the pool), and verdict deadlines. The
+  worker stopped heartbeating goes to the pool, and so does a block that
+  left the pool's queue without any worker saying it took it), and verdict
+  deadlines (the session ends with an error event in its stream). The
   look at every session's cancel and request keys rides in the pipeline of
   a turn's blocks; it takes a round trip of its own only when no block has
   gone for LOOK_ALONE_AFTER_S (slow rounds, a stalled verify pool).
@@ -60,6 +62,9 @@ logger = logging.getLogger(__name__)
 CONTROL_EVERY_S = 0.2  # cancellations, liveness of verify workers, deadlines
 LOOK_ALONE_AFTER_S = 1.0  # the cancellation look goes alone when no block has carried it this long
 FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
+# A block sent to the pool that no worker has said it took (BlockTaken) for this long, and that is no longer in the
+# pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
+UNTAKEN_AFTER_S = 2.0
 IDLE_WAIT_S = 0.5
 
 
@@ -244,7 +249,7 @@ class SessionDriver(threading.Thread):
         except Exception as exc:
             logger.exception("request %s: drafting failed", handle.session.request_id,
                              extra={"request_id": handle.session.request_id})
-            self._finish(handle, error=f"drafting failed: {type(exc).__name__}: {exc}")
+            self._fail(handle, f"drafting failed: {type(exc).__name__}: {exc}")
             return None
 
     def _take_verdicts(self, wait: bool) -> list[tuple[bytes, float]]:
@@ -280,7 +285,7 @@ class SessionDriver(threading.Thread):
             finished = session.on_verdict(verdict, draft_sessions=len(self._handles), seen_at=seen_at,
                                           held_s=held_s)
         except Exception as exc:
-            self._finish(handle, error=f"could not apply the verdict of round {verdict.round}: {exc}")
+            self._fail(handle, f"could not apply the verdict of round {verdict.round}: {exc}")
             raise
         if session.last_trip is not None or session.last_chained:
             self.meter.observe_round(session.last_trip, chained=session.last_chained)
@@ -367,35 +372,60 @@ class SessionDriver(threading.Thread):
         waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
         suspects = {h.session.in_flight.worker for h in waiting
                     if h.session.in_flight.worker and now - h.session.in_flight.sent_at > FAILOVER_AFTER_S}
-        if suspects:
+        untaken = [h for h in waiting if not h.session.in_flight.worker
+                   and now - h.session.in_flight.sent_at > UNTAKEN_AFTER_S]
+        if suspects or untaken:
             with self.client.pipeline(transaction=False) as pipe:
                 for worker in suspects:
                     pipe.exists(protocol.heartbeat_key(worker))
-                alive = dict(zip(suspects, self._execute(pipe)))
+                for handle in untaken:
+                    pipe.lpos(protocol.verify_pool_queue(handle.session.spec.pool), handle.session.in_flight.payload)
+                replies = self._execute(pipe)
+            alive = dict(zip(suspects, replies))
             for handle in waiting:
                 flight = handle.session.in_flight
                 if flight.worker in suspects and not alive[flight.worker]:
                     self._fail_over(handle)
+            for handle, position in zip(untaken, replies[len(suspects):]):
+                if position is None:  # out of the queue, and no worker said it took it: its taker died
+                    self._fail_over(handle)
         for handle in waiting:
-            if now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
-                self._finish(handle, error=f"no verify worker answered round {handle.session.round} of "
-                             f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
+            if handle.session.in_flight is not None and \
+                    now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
+                self._fail(handle, f"no verify worker answered round {handle.session.round} of "
+                           f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
 
     def _fail_over(self, handle: SessionHandle) -> None:
         session = handle.session
         flight = session.in_flight
         logger.warning("request %s: verify worker %s is gone; resending round %d to pool %s",
-                       session.request_id, flight.worker, session.round, session.spec.pool,
-                       extra={"request_id": session.request_id})
+                       session.request_id, flight.worker or "that took it from the pool", session.round,
+                       session.spec.pool, extra={"request_id": session.request_id})
         session.sticky_worker = None
         flight.worker = None
+        flight.sent_at = time.perf_counter()  # its deadlines count from the resend
         session.drop_ahead()
         self.meter.driver_round_trips += 1
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
 
     def _cancel(self, handle: SessionHandle) -> None:
         """Close the stream with a 'cancelled' event and free the verify side's KV cache."""
-        session = handle.session
+        self._close_stream(handle.session, "cancelled")
+        handle.session.finish_reason = "cancelled"
+        self._finish(handle)
+
+    def _fail(self, handle: SessionHandle, error: str) -> None:
+        """End the session with an error event in its stream (the gateway answers with it at once, instead of
+        waiting for its request's timeout) and free the verify side's KV cache."""
+        try:
+            self._close_stream(handle.session, "error", error)
+        except Exception:  # Redis away: the gateway's own checks end the request
+            logger.exception("request %s: could not write its error event", handle.session.request_id,
+                             extra={"request_id": handle.session.request_id})
+        self._finish(handle, error=error)
+
+    def _close_stream(self, session: DraftSession, reason: str, error: str | None = None) -> None:
+        """A finished event (`reason`) at the end of the stream, unless it has one; then the release block."""
         stream = protocol.output_stream(session.request_id)
         for _ in range(8):  # a verify worker may commit a round in between: retry at the new length
             seq = int(self.client.xlen(stream))
@@ -403,16 +433,14 @@ class SessionDriver(threading.Thread):
             if last and OutputEvent.decode(last[0][1][b"m"]).finished:
                 break
             event = OutputEvent(request_id=session.request_id, seq=seq, token_ids=[],
-                                num_output_tokens=session.num_output, finished=True, finish_reason="cancelled",
-                                stats=session.stats)
+                                num_output_tokens=session.num_output, finished=True, finish_reason=reason,
+                                error=error, stats=session.stats)
             if self.committer.commit(stream_key=stream, verdict_key=session.reply_to, expected_seq=seq,
                                      event=event.encode(), verdict=b"") == -1:
                 break
         worker = session.sticky_worker
         queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(session.spec.pool)
         self.client.rpush(queue, session.release_block().encode())
-        session.finish_reason = "cancelled"
-        self._finish(handle)
 
     def _finish(self, handle: SessionHandle, error: str | None = None) -> None:
         session = handle.session

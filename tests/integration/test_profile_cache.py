@@ -17,6 +17,13 @@ def refuse_to_measure(*args, **kwargs):
     raise AssertionError("measured again: the cached profile should have been read")
 
 
+@pytest.fixture(autouse=True)
+def kept_however_measured(monkeypatch):
+    """Every profile here is cached: a tiny model's measurement is too short to tell a busy core from a
+    starved one (the starved-profile rule has its own tests: tests/unit/test_profile_share.py)."""
+    monkeypatch.setattr(profiles, "KEEP_ABOVE_SHARE", 0.0)
+
+
 @pytest.fixture
 def threads():
     before = torch.get_num_threads()

@@ -1,0 +1,78 @@
+"""A block that no verify worker will ever answer: the draft driver sends it again or ends its session with an
+error event, never a stream that waits for the gateway's timeout."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from draft_worker import driver as driver_module
+from draft_worker.driver import SessionFailed
+from services.models.drafters import DraftSource
+from services.protocol import SessionSpec, verify_pool_queue
+from services.redis_client import read_events
+from tests.conftest import build_tiny_llama
+from tests.integration.fleet import VerifyThread, draft_runtime, output_tokens, reference, submit_spec
+
+PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_tiny_llama(0)
+
+
+@pytest.fixture
+def client(redis_url):
+    return redis.Redis.from_url(redis_url)
+
+
+def test_a_block_whose_taker_died_before_saying_so_is_sent_to_the_pool_again(client, target, monkeypatch):
+    """A verify worker pops a session's first block off the pool's queue and is killed before it tells the draft
+    (BlockTaken): nobody's heartbeat to watch, and the block is gone from the queue. The driver sees both and
+    sends it again; a live worker then serves the session, output as the target's alone."""
+    monkeypatch.setattr(driver_module, "UNTAKEN_AFTER_S", 0.3)
+    runtime = draft_runtime(client, DraftSource("tiny-draft", target))
+    spec = SessionSpec(request_id="lost-start", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
+    submit_spec(client, spec)
+    workers: list[VerifyThread] = []
+    taken: list[bytes] = []
+
+    def take_and_die_then_join() -> None:
+        item = client.blpop(verify_pool_queue(spec.pool), timeout=30)  # the dying worker's pop
+        if item is not None:
+            taken.append(item[1])
+        workers.append(VerifyThread(client, target))  # a live worker joins the pool
+
+    dying = threading.Thread(target=take_and_die_then_join)
+    dying.start()
+    try:
+        summary = runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+        dying.join(timeout=30)
+        for worker in workers:
+            worker.close()
+    assert len(taken) == 1  # the first block was lost with its taker ...
+    assert summary.finish_reason == "length" and summary.num_output_tokens == 20, summary
+    assert output_tokens(client, "lost-start") == reference(target, PROMPT, 20)  # ... and sent again
+
+
+def test_a_session_no_verify_worker_answers_ends_its_stream_with_an_error(client, target):
+    """No verify worker in the pool: the block waits in its queue (not lost, so not sent again) until the verdict
+    deadline; the session then fails, and its stream ends with an error event the gateway answers with."""
+    runtime = draft_runtime(client, DraftSource("tiny-draft", target))
+    runtime.driver.verdict_timeout_s = 1.0
+    spec = SessionSpec(request_id="nobody-home", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
+    submit_spec(client, spec)
+    try:
+        with pytest.raises(SessionFailed, match="no verify worker answered round 0"):
+            runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+    events = read_events(client, "nobody-home")
+    assert events and events[-1].finished and events[-1].finish_reason == "error", events
+    assert "no verify worker answered round 0" in events[-1].error
+    assert client.llen(verify_pool_queue(spec.pool)) == 2  # the block, never sent twice, and its release
