@@ -64,8 +64,11 @@ def chaos(
              f"got {redacted(settings.redis_url)!r}")
     if failover and restart_redis:
         fail("--failover and --restart-redis: choose one")
+    client = connect(settings.redis_url)
+    if restart_redis:
+        check_redis_comes_back(client, redacted(settings.redis_url))
     try:
-        report = run_chaos(url, connect(settings.redis_url), chosen, model=settings.gateway.model_name or settings.target,
+        report = run_chaos(url, client, chosen, model=settings.gateway.model_name or settings.target,
                            kills=kills, concurrency=concurrency, max_tokens=max_tokens, every_s=every,
                            roles=chosen_roles, restart_redis=restart_redis, seed=seed,
                            failover_url=settings.redis_url if failover else None)
@@ -80,7 +83,9 @@ def chaos(
         typer.echo(f"worker back after a kill: median {backs[len(backs) // 2]:.1f}s, max {backs[-1]:.1f}s; "
                    f"{sum(k.back_after_s is None for k in report.kills)} never came back")
     if report.redis_restart_s is not None:
-        typer.echo(f"Redis answered again {report.redis_restart_s:.1f}s after SHUTDOWN")
+        typer.echo(f"Redis answered again {report.redis_restart_s:.1f}s after SHUTDOWN"
+                   if report.redis_restart_s != float("inf") else
+                   "Redis did not answer again after SHUTDOWN within the drill's wait")
     if report.failover is not None:
         shown = {key: "never" if value is None else f"{value:.1f}s" for key, value in report.failover.items()
                  if key.endswith("_s")}
@@ -125,3 +130,19 @@ def burst(
         typer.echo(f"unexpected answers: {report.statuses}, {report.missing_retry_after} refusals without "
                    "Retry-After", err=True)
         raise typer.Exit(1)
+
+
+def check_redis_comes_back(client, shown_url: str) -> None:
+    """--restart-redis SHUTDOWNs the stack's Redis: refuse when `mirror-sd up` supervises the stack but not its
+    Redis (an external one: nothing would start it again, and its other users would lose it too). Without a
+    supervisor (compose, a fleet across hosts) the operator's restart policy is trusted, as the help says."""
+    from services.redis_client import read_children
+
+    try:
+        names = sorted(child.name for child in read_children(client))
+    except Exception as exc:  # Redis away, or not Redis: the drill cannot start anyway
+        fail(f"--restart-redis: cannot read the stack's supervisor from Redis at {shown_url}: {exc}")
+    if names and "redis" not in names:
+        fail(f"--restart-redis: the stack's Redis ({shown_url}) is not one `mirror-sd up` runs (its supervisor "
+             f"runs {', '.join(names)}): nothing would start it again after the SHUTDOWN. Run the drill against a "
+             "stack with its own Redis (`mirror-sd up` without MIRROR_SD_REDIS_URL), or without --restart-redis")
