@@ -7,7 +7,7 @@ in services/speculative/sampling.py.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 GREEDY_BELOW = 1e-5
 
@@ -62,10 +62,10 @@ class SamplingParams:
 
     def to_wire(self) -> dict:
         """The four values, as services/protocol.py carries them whole in a SessionSpec."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        return asdict(self)
 
     @classmethod
     def from_wire(cls, data: dict) -> "SamplingParams":
         """Inverse of to_wire: missing values take their defaults, unknown ones are ignored, bad ones a ValueError."""
-        return cls(**{name: data[name] for name in ("temperature", "top_p", "top_k", "seed") if name in data})
+        return cls(**{item.name: data[item.name] for item in fields(cls) if item.name in data})
 
