@@ -143,7 +143,7 @@ def _record(runtime: DraftRuntime, request_id: str, **fields) -> None:
         return
     try:
         with runtime.db() as session:
-            crud.update_request(session=session, request_id=request_id, **fields)
+            crud.record_work(session=session, request_id=request_id, **fields)
     except Exception:  # SQL is the record, not the hot path: never fail a session over it
         logger.exception("could not record request %s", request_id)
 

@@ -47,6 +47,6 @@ class Recorder(threading.Thread):
             request_id, fields = item
             try:
                 with self.db() as session:
-                    crud.update_request(session=session, request_id=request_id, **fields)
+                    crud.record_work(session=session, request_id=request_id, **fields)
             except Exception:  # SQL is the record, not the answer: never fail a session over it
                 logger.exception("could not record request %s", request_id, extra={"request_id": request_id})

@@ -8,7 +8,7 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from services.storage.tables import ApiKey, Event, Request, TelemetrySnapshot, utcnow
@@ -102,6 +102,27 @@ def update_request(*, session: Session, request_id: str, **fields: Any) -> Reque
         setattr(row, name, value)
     session.commit()
     return row
+
+
+CLIENT_ENDED = "cancelled"  # a status its client set (DELETE, or gone before the work started): no worker's undoes it
+
+
+def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
+    """A worker's view of a request's generation: its counters always, its status and finish reason unless its
+    client cancelled it first. The status is checked inside the UPDATE, so a cancel landing between a read and a
+    write cannot be lost.
+    (In a single flight the leader's client may leave while the generation goes on for the others: its row
+    says cancelled, as its client saw it, and carries the generation's work.)"""
+    for name in fields:
+        if not hasattr(Request, name):
+            raise ValueError(f"requests has no column {name!r}")
+    held = {name: fields.pop(name) for name in ("status", "finish_reason") if name in fields}
+    if fields:
+        session.execute(update(Request).where(Request.id == request_id).values(**fields))
+    if held:  # its own statement: MySQL evaluates SET left to right, so a CASE on status would see the new one
+        session.execute(update(Request).where(Request.id == request_id, Request.status != CLIENT_ENDED)
+                        .values(**held))
+    session.commit()
 
 
 def record_event(

@@ -78,6 +78,25 @@ def test_request_lifecycle_and_events(db):
         assert [e.kind for e in events] == ["cancelled"] and events[0].detail == {"by": "client"}
 
 
+def test_a_worker_record_never_undoes_a_client_cancel(db):
+    with db() as session:
+        for request_id in ("cmpl-kept", "cmpl-left"):
+            crud.create_request(session=session, request_id=request_id, model="m", endpoint="chat",
+                                prompt_tokens=5, params={}, priority="normal", route="sd", pool="cpu",
+                                api_key_id=None)
+        crud.update_request(session=session, request_id="cmpl-left", status="cancelled", finish_reason="cancelled")
+        for request_id in ("cmpl-kept", "cmpl-left"):  # the worker starts, then ends its generation
+            crud.record_work(session=session, request_id=request_id, status="running")
+            crud.record_work(session=session, request_id=request_id, status="finished", finish_reason="length",
+                             completion_tokens=8, num_drafts=2)
+        rows = {r: crud.get_request(session=session, request_id=r) for r in ("cmpl-kept", "cmpl-left")}
+        session.expire_all()
+        assert [(rows[r].status, rows[r].finish_reason, rows[r].completion_tokens, rows[r].num_drafts)
+                for r in ("cmpl-kept", "cmpl-left")] == [("finished", "length", 8, 2), ("cancelled", "cancelled", 8, 2)]
+        with pytest.raises(ValueError, match="no column 'bogus'"):
+            crud.record_work(session=session, request_id="cmpl-kept", bogus=1)
+
+
 def test_telemetry_snapshots(db):
     row = {"worker_id": "w1", "role": "verify", "pool": "gpu", "device_kind": "cuda", "utilization": 0.5,
            "temperature_c": 90.0, "acceptance_rate": None, "latency_p99_ms": 12.5, "num_sessions": 2,
