@@ -12,7 +12,9 @@ for all of them at once:
 - each verdict is applied; the next blocks of every session answered in this
   turn are drafted together (a model draft steps all of them in one forward
   per draft position) or taken from their speculation, and all go out in one
-  pipeline;
+  pipeline, pushed by the outbox thread (draft_worker/outbox.py) while the
+  driver drafts on: the push's round trip over a slow link is not the
+  driver's wait;
 - while blocks are out and no verdict waits, every session's next block is
   speculated (pipelined drafting), again stepped together, yielding to the
   first verdict that arrives (a look at the listener's arrivals, no poll);
@@ -50,6 +52,7 @@ from services.engine.draft_pipeline import SpeculationState, speculate_many, war
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
 from draft_worker.inbox import InboxListener
+from draft_worker.outbox import Job, Outbox, Outcome
 from services.link.meter import LinkMeter, smoothed
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
@@ -111,6 +114,7 @@ class SessionDriver(threading.Thread):
         self.num_verdicts = 0
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
+        self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -128,6 +132,7 @@ class SessionDriver(threading.Thread):
     def run(self) -> None:
         logger.info("draft driver %s: verdicts on %s", self.worker_id, self.inbox)
         self.listener.start()
+        self.outbox.start()
         backoff = 0.0  # > 0 while Redis is away
         while not self.stopping.is_set():
             try:
@@ -150,6 +155,7 @@ class SessionDriver(threading.Thread):
         waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
         if not waiting:
             return
+        self.outbox.flush()
         with self.client.pipeline(transaction=False) as pipe:
             for handle in waiting:
                 handle.session.drop_ahead()
@@ -163,6 +169,7 @@ class SessionDriver(threading.Thread):
 
     def turn(self) -> None:
         self._start_new()
+        self._take_outcomes()
         arrivals = self._take_verdicts(wait=not self._due and not self._speculation_pending()
                                        and not self._chain_ready())
         seen_at = time.perf_counter()
@@ -172,13 +179,12 @@ class SessionDriver(threading.Thread):
             except Exception:  # a verdict this side cannot apply: that session fails, the others go on
                 logger.exception("draft driver: could not apply a verdict")
         now = time.monotonic()
-        look_due = now - self._looked >= CONTROL_EVERY_S
-        looked = self._send(self._next_blocks(), look=list(self._handles.values()) if look_due else [])
-        if not (looked and looked[0]) and now - self._looked >= LOOK_ALONE_AFTER_S:
-            looked = self._look_alone()
-        if looked and looked[0]:  # a look that carried sessions (blocks sent without one are no look)
-            self._looked = now
-            self._apply_look(*looked)
+        look = list(self._handles.values()) if now - self._looked >= CONTROL_EVERY_S else []
+        sent = self._send(self._next_blocks(), look)
+        if look and (sent or now - self._looked >= LOOK_ALONE_AFTER_S):
+            if not sent:
+                self.outbox.send(Job(look_keys=self._look_keys(look), context=look))
+            self._looked = now  # its flags come back through the outbox (_take_outcomes)
         if now - self._controlled >= CONTROL_EVERY_S:
             self._controlled = now
             self._watch_flights()
@@ -297,41 +303,50 @@ class SessionDriver(threading.Thread):
         elif session.in_flight is None:  # else the verify worker is on the block sent after this one
             self._due[session.request_id] = handle
 
-    def _execute(self, pipe) -> list:
+    def _count_round_trip(self) -> None:
         self.meter.driver_round_trips += 1
+
+    def _execute(self, pipe) -> list:
+        self._count_round_trip()
         return pipe.execute()
 
-    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]], look: list[SessionHandle]) -> \
-            tuple[list[SessionHandle], list] | None:
-        """RPUSH every block to its session's sticky verify worker (the pool when none is known), and in the
-        same round trip the control look at `look`'s sessions: (those sessions, their flags), None when no
-        block went (the control look then goes alone)."""
+    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]], look: list[SessionHandle]) -> bool:
+        """Hand the outbox one pipeline: an RPUSH of every block to its session's sticky verify worker (the
+        pool when none is known), and the control look at `look`'s sessions. The blocks count as sent from
+        now on. False when there was no block (the look then may go alone)."""
         if not outgoing:
-            return None
-        sent = []
-        with self.client.pipeline(transaction=False) as pipe:
-            for handle, block in outgoing:
-                session = handle.session
-                # a chained block goes where its parent is; the others to the sticky worker
-                worker = session.in_flight.worker if block.parent_id else session.sticky_worker
-                queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
-                    session.spec.pool)
-                payload = block.encode()
-                sent.append((handle, block, payload, worker))
-                pipe.rpush(queue, payload)
-            self._queue_look(pipe, look)
-            sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
-            replies = self._execute(pipe)  # raises when Redis is away: the blocks stay due and are sent again
-        for handle, block, payload, worker in sent:
-            handle.session.sent(block, payload, worker, sent_at, sent_wall)
-            self._due.pop(handle.session.request_id, None)
-        return look, replies[len(sent):]
+            return False
+        pushes = []
+        sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
+        for handle, block in outgoing:
+            session = handle.session
+            # a chained block goes where its parent is; the others to the sticky worker
+            worker = session.in_flight.worker if block.parent_id else session.sticky_worker
+            queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
+                session.spec.pool)
+            payload = block.encode()
+            pushes.append((queue, payload))
+            session.sent(block, payload, worker, sent_at, sent_wall)
+            self._due.pop(session.request_id, None)
+        self.outbox.send(Job(pushes, self._look_keys(look), context=look))
+        return True
 
     @staticmethod
-    def _queue_look(pipe, handles: list[SessionHandle]) -> None:
-        for handle in handles:
-            pipe.exists(protocol.cancel_key(handle.session.request_id))
-            pipe.exists(protocol.request_key(handle.session.request_id))
+    def _look_keys(handles: list[SessionHandle]) -> list[str]:
+        return [key for handle in handles for key in (protocol.cancel_key(handle.session.request_id),
+                                                      protocol.request_key(handle.session.request_id))]
+
+    def _take_outcomes(self) -> None:
+        """The outbox's news: control looks to apply; a failed push (Redis away) raises here, so the loop
+        backs off and then sends every block in flight again."""
+        failed = None
+        for outcome in self.outbox.outcomes():
+            if outcome.error is not None:
+                failed = outcome.error
+            elif outcome.job.context:
+                self._apply_look(outcome.job.context, outcome.look_flags)
+        if failed is not None:
+            raise failed if isinstance(failed, redis.RedisError) else redis.ConnectionError(str(failed))
 
     def _speculations(self) -> list[SpeculationState]:
         states = (handle.session.speculation() for handle in self._handles.values())
@@ -348,14 +363,6 @@ class SessionDriver(threading.Thread):
             speculate_many(states, self.listener.pending)  # a look at what arrived: no round trip, no throttle
 
     # --- control path ---------------------------------------------------------------------------
-    def _look_alone(self) -> tuple[list[SessionHandle], list] | None:
-        handles = list(self._handles.values())
-        if not handles:
-            return None
-        with self.client.pipeline(transaction=False) as pipe:
-            self._queue_look(pipe, handles)
-            return handles, self._execute(pipe)
-
     def _apply_look(self, handles: list[SessionHandle], flags: list) -> None:
         """Cancellations and lost requests, from a look at every session's cancel and request keys."""
         for handle, cancelled, known in zip(handles, flags[::2], flags[1::2]):
@@ -375,6 +382,7 @@ class SessionDriver(threading.Thread):
         untaken = [h for h in waiting if not h.session.in_flight.worker
                    and now - h.session.in_flight.sent_at > UNTAKEN_AFTER_S]
         if suspects or untaken:
+            self.outbox.flush()
             with self.client.pipeline(transaction=False) as pipe:
                 for worker in suspects:
                     pipe.exists(protocol.heartbeat_key(worker))
@@ -405,7 +413,8 @@ class SessionDriver(threading.Thread):
         flight.worker = None
         flight.sent_at = time.perf_counter()  # its deadlines count from the resend
         session.drop_ahead()
-        self.meter.driver_round_trips += 1
+        self._count_round_trip()
+        self.outbox.flush()
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
 
     def _cancel(self, handle: SessionHandle) -> None:
@@ -427,6 +436,7 @@ class SessionDriver(threading.Thread):
     def _close_stream(self, session: DraftSession, reason: str, error: str | None = None) -> None:
         """A finished event (`reason`) at the end of the stream, unless it has one; then the release block."""
         stream = protocol.output_stream(session.request_id)
+        self.outbox.flush()  # its blocks handed over go first: the release block must come after them
         for _ in range(8):  # a verify worker may commit a round in between: retry at the new length
             seq = int(self.client.xlen(stream))
             last = self.client.xrevrange(stream, count=1)

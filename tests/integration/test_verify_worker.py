@@ -79,20 +79,20 @@ def test_draft_probs_stay_on_their_tokens_when_a_block_mixes_lookup_and_model():
     assert block_probs([None, None], [1, 2]) is None
 
 
-def test_the_driver_keeps_due_sessions_through_a_redis_error(client):
+def test_the_driver_sends_its_blocks_again_after_a_failed_push(client):
     target = build_tiny_llama(0)
     with running_fleet(client, target, DraftSource("ngram", None)) as (_, runtime):
         driver = runtime.driver
-        send = driver._send
+        execute = driver.outbox._execute
         failures = []
 
-        def flaky_send(outgoing, look):
-            if outgoing and not failures:
-                failures.append(len(outgoing))
+        def flaky_execute(job):  # the push never reached Redis
+            if job.pushes and not failures:
+                failures.append(len(job.pushes))
                 raise redis.ConnectionError("Redis went away for a moment")
-            return send(outgoing, look)
+            return execute(job)
 
-        driver._send = flaky_send
+        driver.outbox._execute = flaky_execute
         spec = SessionSpec(request_id="flaky", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
         submit_spec(client, spec)
         summary = driver.drive(runtime.new_session(spec, []), every_s=0.5)

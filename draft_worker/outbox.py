@@ -1,0 +1,103 @@
+"""The draft worker's outbox: the driver's pushes go out on a thread of their own.
+
+A push of blocks waits a round trip for Redis's reply; over a slow link that
+is a whole RTT in which the driver thread would draft nothing. So the driver
+hands each turn's pipeline (its blocks, and the control look riding with
+them) to this thread and drafts on at once: the speculation of the next
+block starts while the block just sent travels.
+
+Jobs go out one by one in the order handed over, on one thread, so a
+session's blocks reach Redis in order (a chained block after its parent).
+The driver's rare direct writes (a failover's resend, a stream's close)
+flush the outbox first, so they too come after what was handed over before.
+A job that fails (Redis away) is reported back: the driver then backs off
+and sends every block in flight again, as after any outage (a verify worker
+answers a round it already committed with a resync verdict, so a resend
+never commits twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One pipeline: RPUSHes (queue, payload), then EXISTS of each `look` key."""
+
+    pushes: list[tuple[str, bytes]] = field(default_factory=list)
+    look_keys: list[str] = field(default_factory=list)
+    context: object = None  # the driver's, handed back with the outcome (the sessions looked at)
+
+
+@dataclass
+class Outcome:
+    job: Job
+    look_flags: list = field(default_factory=list)  # one reply per look key
+    error: Exception | None = None
+
+
+class Outbox(threading.Thread):
+    def __init__(self, client: redis.Redis, wake: threading.Event, stopping: threading.Event,
+                 on_round_trip: Callable[[], None]) -> None:
+        super().__init__(daemon=True, name="draft-outbox")
+        self.client = client
+        self.wake = wake
+        self.stopping = stopping
+        self.on_round_trip = on_round_trip
+        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._outcomes: deque[Outcome] = deque()
+
+    def send(self, job: Job) -> None:
+        """Hand a job over; returns at once."""
+        self._jobs.put(job)
+
+    def flush(self) -> None:
+        """Return once every job handed over so far has gone (or failed)."""
+        self._jobs.join()
+
+    def outcomes(self) -> list[Outcome]:
+        """What came back since the last call: look replies, failures."""
+        taken = []
+        while self._outcomes:
+            taken.append(self._outcomes.popleft())
+        return taken
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                job = self._jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self._outcomes.append(self._execute(job))
+                if job.look_keys:
+                    self.wake.set()
+            except redis.RedisError as exc:
+                self._outcomes.append(Outcome(job, error=exc))
+                self.wake.set()
+            except Exception as exc:  # never lose the thread: the driver hears of it as of a Redis error
+                logger.exception("draft outbox: a push failed")
+                self._outcomes.append(Outcome(job, error=exc))
+                self.wake.set()
+            finally:
+                self._jobs.task_done()
+
+    def _execute(self, job: Job) -> Outcome:
+        with self.client.pipeline(transaction=False) as pipe:
+            for queue_name, payload in job.pushes:
+                pipe.rpush(queue_name, payload)
+            for key in job.look_keys:
+                pipe.exists(key)
+            self.on_round_trip()
+            replies = pipe.execute()
+        return Outcome(job, look_flags=replies[len(job.pushes):])
