@@ -23,6 +23,7 @@ import redis
 
 from draft_worker.driver import SessionDriver, SessionFailed
 from draft_worker.inbox import BLOCK_S
+from draft_worker.opening import relay_opening
 from services.engine.draft_session import DraftSession
 from services import protocol
 from services.config import Settings, get_settings
@@ -54,6 +55,9 @@ class DraftRuntime:
     db: object = None  # sessionmaker for SQL records; None = no records
     profile: dict = field(default_factory=dict)  # measured at start-up: draft_ms_per_token
     fallback: DraftFallback | None = None  # the draft it was given cannot run here; draft_source is the stand-in
+    # its sessions open with a target-only round from this many prompt tokens (0: never); in its heartbeat, so
+    # gateways send that round themselves (SessionSpec.opened)
+    plain_opening_tokens: int = 0
     driver: SessionDriver = field(init=False)
     recent: RecentRounds = field(default_factory=RecentRounds, init=False)
     _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
@@ -63,6 +67,8 @@ class DraftRuntime:
                                     verdict_timeout_s=self.settings.worker.verdict_timeout_s,
                                     blocks_ahead=self.settings.worker.blocks_ahead)
         self.driver.start()
+        if self.draft_source.stepwise:
+            self.plain_opening_tokens = self.settings.speculative.plain_opening_tokens
 
     @property
     def instance(self) -> str:
@@ -181,11 +187,17 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
         if events and events[-1].finished:
             return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
         _record(runtime, request_id, status="running", started_at=datetime.now(timezone.utc))
+        session = runtime.new_session(spec, events)
+        relay_ended = threading.Event()
+        if session.awaits_opening:  # round 0 went from the gateway: its answer comes on the request's own list
+            relay_opening(client, request_id, session.reply_to, relay_ended)
         try:
-            summary = runtime.driver.drive(runtime.new_session(spec, events), tick, every_s=LEASE_TTL_S / 4)
+            summary = runtime.driver.drive(session, tick, every_s=LEASE_TTL_S / 4)
         except SessionFailed as exc:
             _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
             raise
+        finally:
+            relay_ended.set()
         result = summary.to_dict()
         with client.pipeline() as pipe:  # for the bench: off the per-round path
             for key, samples in ((protocol.TRANSPORT_SAMPLES_KEY, summary.transport_ms),
@@ -236,7 +248,8 @@ class DraftHeartbeat(threading.Thread):
                                           model=runtime.draft_source.spec, profile=runtime.profile,
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
                                           host=socket.gethostname(), draft_fallback=runtime.fallback,
-                                          link=meter.figures(runtime.driver.blocks_ahead))
+                                          link=meter.figures(runtime.driver.blocks_ahead),
+                                          plain_opening_tokens=runtime.plain_opening_tokens)
                 write_heartbeat(runtime.client, beat, settings.worker.heartbeat_ttl_s)
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
                 logger.warning("draft heartbeat failed: %s", exc)

@@ -152,6 +152,10 @@ class GatewaySettings(BaseModel):
                                    "`up --gateways N` set it")
     admission_lease_s: float = Field(10.0, gt=0, description="shared admission: a gateway that stops renewing its "
                                      "lease this long (killed) has its slots dropped")
+    open_sessions: bool = Field(True, description="placement remote: when a session's first round is target-only "
+                                "anyway (the plain route, or a model draft that prefills meanwhile), the gateway "
+                                "sends it to the verify pool itself, so the first token does not wait for a draft "
+                                "worker's start over its link")
 
 
 class TelemetrySettings(BaseModel):

@@ -31,7 +31,7 @@ from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3  # 3: SessionSpec carries its sampling params whole (`sampling`)
+PROTOCOL_VERSION = 4  # 3: SessionSpec carries its sampling params whole (`sampling`); 4: `opened`
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
 
 # --- Celery (control path) ---------------------------------------------------
@@ -295,6 +295,21 @@ class SessionSpec(Message):
     # Who drafts: "remote", a draft worker (Celery task on draft.<pool>); "local", the verify worker that holds the
     # session, in-process (a start block on the pool's queue). A revived session is started the same way again.
     draft_placement: str = "remote"
+    # Placement remote: the gateway sent round 0 (one target-only round, opening_block()) to the verify pool
+    # itself, so the first token does not wait for a draft worker to start over its link; the draft session
+    # takes that block as its first one out.
+    opened: bool = False
+
+
+def opening_block(spec: "SessionSpec") -> "DraftBlock":
+    """Round 0 of an opened session (SessionSpec.opened), as the gateway sends it and the draft session knows
+    it: target-only, block 1 of the session, answered on the request's own verdict list (no draft worker's
+    inbox is known yet; the draft worker moves what arrives there into its inbox)."""
+    return DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],
+                      reply_to=verdict_queue(spec.request_id), block_id=OPENING_BLOCK_ID)
+
+
+OPENING_BLOCK_ID = 1
 
 
 @dataclass
@@ -499,6 +514,9 @@ class Heartbeat(Message):
     # and what their turns measured: {load bucket: {"draft": tok/s, "plain": tok/s}} (the choice at each load)
     local_turns: dict = field(default_factory=dict)
     link: LinkFigures | None = None  # draft workers: their link to Redis and their rounds' round trips
+    # draft workers: a session of at least this many prompt tokens opens with a target-only round while the
+    # draft prefills (services/speculative/block_length.py opens_plain); 0: never (prompt lookup drafts)
+    plain_opening_tokens: int = 0
     sent_at: float = field(default_factory=time.time)
     NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback, "link": LinkFigures}
 

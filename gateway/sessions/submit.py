@@ -17,7 +17,7 @@ from gateway.schemas import SamplingFields
 from gateway.state import GatewayState
 from gateway.fleet.routing import affinity_route, route_request
 from gateway.sessions.single_flight import Flight, flight_key
-from gateway.fleet.workers import drafts_locally, live_workers, missing_roles
+from gateway.fleet.workers import drafts_locally, live_workers, missing_roles, opens_sessions
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
 from services.engine.target import check_request_fits
@@ -28,6 +28,7 @@ from services.protocol import (
     DraftBlock,
     SessionSpec,
     draft_queue,
+    opening_block,
     request_key,
     verify_pool_queue,
     verify_worker_queue,
@@ -107,15 +108,24 @@ def _create_row(state: GatewayState, **fields) -> None:
 
 async def start(state: GatewayState, spec: SessionSpec, *, revive: bool = False) -> None:
     """Set the session going (again, for one whose driver died: it resumes from its committed output). Placement
-    remote: its one Celery task, for a draft worker of this gateway's pool. Local: a start block on its verify
-    pool's queue (the worker holding a similar request's KV first, unless reviving), high priority in front."""
+    remote: its one Celery task, for a draft worker of this gateway's pool, and for an opened session
+    (SessionSpec.opened) its round 0 to the verify pool, so the target prefills while the task travels. Local:
+    a start block on its verify pool's queue."""
     if spec.draft_placement != "local":
+        if spec.opened and not revive:  # a revived session's new driver finds round 0 committed, or sends it
+            await _to_verify(state, spec, opening_block(spec), revive=False)
         await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[spec.request_id],
                                 queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
                                 task_id=spec.request_id)
         return
     block = DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],
                        draft_here=True)
+    await _to_verify(state, spec, block, revive=revive)
+
+
+async def _to_verify(state: GatewayState, spec: SessionSpec, block: DraftBlock, *, revive: bool) -> None:
+    """A session's first block: to the verify worker holding a similar request's KV (unless reviving), else to
+    the pool's queue; high priority in front."""
     queue = verify_worker_queue(spec.verify_worker) if spec.verify_worker and not revive else \
         verify_pool_queue(spec.pool)
     push = state.redis.lpush if spec.priority == PRIORITY_LEVELS["high"] else state.redis.rpush
@@ -183,7 +193,10 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
     if missing:
         raise APIError(503, f"no {' or '.join(missing)} worker is serving; retry shortly",
                        headers={"Retry-After": "5"})
-    placement = "local" if drafts_locally(await live_workers(state), pool) else "remote"
+    beats = await live_workers(state)
+    placement = "local" if drafts_locally(beats, pool) else "remote"
+    opened = placement == "remote" and state.settings.gateway.open_sessions and opens_sessions(
+        beats, draft_pool=draft_pool, route=route.route, num_prompt_tokens=len(ask.prompt_ids))
     spec = SessionSpec(
         request_id=request_id,
         prompt_ids=ask.prompt_ids,
@@ -199,6 +212,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         verify_worker=similar.worker_id if similar is not None else None,
         cache_salt=params.cache_salt,
         draft_placement=placement,
+        opened=opened,
     )
     await asyncio.to_thread(
         _create_row,

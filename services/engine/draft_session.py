@@ -87,6 +87,7 @@ class InFlight:
     context: list[int] = field(default_factory=list)  # the context the block assumes, its draft tokens included
     speculating: SpeculationState | None = None  # block k+1, drafted while this block is verified
     chained: bool = False  # block k+1 went out from that speculation, ahead of this block's verdict
+    measured: bool = True  # its round trip is this side's (False: the gateway sent it, SessionSpec.opened)
 
     @property
     def ahead_of_verdict(self) -> bool:
@@ -154,6 +155,16 @@ class DraftSession:
         # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
         self._ready_ids: list[int] = []
         self._ready_probs: torch.Tensor | None = None
+        # SessionSpec.opened: the gateway sent round 0 itself; its verdict comes on the request's own verdict list
+        # (the draft worker moves it into its inbox: draft_worker/opening.py)
+        self.awaits_opening = spec.opened and self.round == 0
+        if self.awaits_opening:
+            self._plain_opening = False
+            opening = protocol.opening_block(spec)
+            self._block_serial = opening.block_id
+            self._opening_block = opening  # speculated after like a block accepted whole
+            self.sent(opening, opening.encode(), spec.verify_worker or None)
+            self.in_flight.measured = False
 
     # --- blocks ---------------------------------------------------------------------------------
     def _block_length(self, gamma: int | None = None, num_output: int | None = None) -> int:
@@ -320,7 +331,7 @@ class DraftSession:
             self.timing.speculation_s += speculation.elapsed_s
         self.last_trip = None
         self.last_chained = flight.ahead_of_verdict and bool(verdict.worker_id)
-        if verdict.worker_id and verdict.verify_started_at and not flight.ahead_of_verdict:
+        if verdict.worker_id and verdict.verify_started_at and not flight.ahead_of_verdict and flight.measured:
             # a block's trip over the link; one sent ahead of its parent's verdict made none of its own
             round_trip_s = (time.perf_counter() if seen_at is None else seen_at) - flight.sent_at
             verify_s = verdict.verify_finished_at - verdict.verify_started_at  # both on the verify worker's clock

@@ -223,3 +223,48 @@ def test_a_cancellation_is_seen_while_rounds_come_faster_than_the_control_look(f
         runtime.close()
         canceller.join(timeout=10)
     assert summary.finish_reason == "cancelled" and summary.num_output_tokens < 240, summary
+
+
+@pytest.mark.parametrize("draft_first", [True, False])
+def test_a_session_the_gateway_opened_takes_its_round_0_as_its_first_block(fleet, target, draft_first):
+    """SessionSpec.opened: round 0 went to the verify pool from the gateway. Its first token needs no draft
+    worker; the draft session takes that round as its first block out, whether it starts before the verdict
+    (which then reaches it through the request's own verdict list) or after (it resumes from round 1)."""
+    from draft_worker.runtime import drive_session
+    from services.protocol import opening_block, verdict_queue, verify_pool_queue
+    from services.redis_client import read_events
+
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    expected = reference(target, PROMPT, 30)
+    request_id = f"opened-{draft_first}"
+    spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=30, ignore_eos=True, opened=True)
+    submit_spec(fleet, spec)
+    runtime = draft_runtime(fleet, source, pipelined=True)
+    result = {}
+    try:
+        if draft_first:  # the draft session waits on round 0 before the verify worker has it
+            driving = threading.Thread(target=lambda: result.update(drive_session(runtime, request_id)))
+            driving.start()
+            deadline = time.monotonic() + 30
+            while runtime.driver.num_sessions == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            fleet.rpush(verify_pool_queue(spec.pool), opening_block(spec).encode())
+            driving.join(60)
+        else:  # the first token before any draft worker started
+            fleet.rpush(verify_pool_queue(spec.pool), opening_block(spec).encode())
+            deadline = time.monotonic() + 30
+            while not read_events(fleet, request_id):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            result.update(drive_session(runtime, request_id))
+    finally:
+        runtime.close()
+    assert output_tokens(fleet, request_id) == expected
+    events = read_events(fleet, request_id)
+    assert len(events[0].token_ids) == 1 and events[0].stats.num_draft_tokens == 0  # the target's round alone
+    assert events[-1].stats.num_draft_tokens > 0 and result["finish_reason"] == "length"
+    # its BlockTaken note and verdict: moved to the inbox, or left unread (the session resumed from the stream)
+    assert (fleet.llen(verdict_queue(request_id)) == 0) is draft_first
+    if draft_first:  # drafted while the target prefilled: the speculation after round 0 was used
+        assert result["speculation_hits"] > 0

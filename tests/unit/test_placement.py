@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fleet.workers import drafts_locally
+from gateway.fleet.workers import drafts_locally, opens_sessions
 from services.protocol import Heartbeat
 from services.stack import choose_placement
 
@@ -33,3 +33,16 @@ def test_a_pool_drafts_locally_when_all_its_live_verify_workers_do():
     assert not drafts_locally(beats, "gpu")  # waits for draft workers
     assert not drafts_locally([*beats, verify("v2", "cpu")], "cpu")  # a mix while a fleet changes over
     assert not drafts_locally(beats, "accel")  # no live verify worker at all
+
+
+def draft(worker_id: str, pool: str, plain_opening_tokens: int) -> Heartbeat:
+    return Heartbeat(worker_id=worker_id, role="draft", pool=pool, plain_opening_tokens=plain_opening_tokens)
+
+
+def test_the_gateway_opens_a_session_only_when_round_0_is_target_only_wherever_it_lands():
+    models = [draft("d0", "cpu", 1), draft("d1", "cpu", 16), draft("e0", "edge", 0)]
+    assert opens_sessions(models, draft_pool="cpu", route="sd", num_prompt_tokens=16)
+    assert not opens_sessions(models, draft_pool="cpu", route="sd", num_prompt_tokens=15)  # d1 would draft it
+    assert not opens_sessions(models, draft_pool="edge", route="sd", num_prompt_tokens=99)  # prompt lookup drafts
+    assert opens_sessions(models, draft_pool="edge", route="ar", num_prompt_tokens=1)  # the plain route always
+    assert not opens_sessions([], draft_pool="cpu", route="sd", num_prompt_tokens=99)  # no draft worker known

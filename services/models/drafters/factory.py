@@ -108,6 +108,13 @@ class DraftSource:
     def is_none(self) -> bool:
         return self.spec == "none"
 
+    @property
+    def stepwise(self) -> bool:
+        """Whether its drafters are model drafts stepped token by token (Drafter.stepwise): a plain model
+        draft, on the shared engine or with a cache of its own (not prompt lookup, hybrid or synthetic)."""
+        return not self.is_none and self.references is None and not self.hybrid and (
+            self.model is not None or self.engine is not None)
+
     def _model_drafter(self) -> Drafter:
         """A session's model drafter: on the draft engine every session of the process shares (drafts of
         many sessions step together), or, for a model the packed forward cannot walk, a cache of its own."""
