@@ -62,8 +62,11 @@ class Outbox(threading.Thread):
         self._jobs.put(job)
 
     def flush(self) -> None:
-        """Return once every job handed over so far has gone (or failed)."""
-        self._jobs.join()
+        """Return once every job handed over so far has gone (or failed), or the worker is stopping."""
+        done = self._jobs.all_tasks_done
+        with done:
+            while self._jobs.unfinished_tasks and not self.stopping.is_set():
+                done.wait(0.1)
 
     def outcomes(self) -> list[Outcome]:
         """What came back since the last call: look replies, failures."""
