@@ -192,6 +192,11 @@ class SchedulerSettings(BaseModel):
     max_batch_tokens: int = Field(128, ge=1, description="tokens in one step (like vLLM's max_num_batched_tokens): "
                                   "prompts are prefilled in chunks within it, so running streams are held up by at "
                                   "most one chunk per step; raise it where a step's cost is flat in tokens (GPUs)")
+    bridge: bool = Field(False, description="between a verdict and a remote session's next block, decode it "
+                         "target-only instead of idling, and check the block against those tokens when it comes "
+                         "(services/speculative/bridging.py; lossless; greedy and unseeded sampling). Smoother "
+                         "streams, but off by default: on a 2-core box with the draft 20-50 ms away it cost ~7% of "
+                         "throughput (docs/bench/bridging-2026-12-03)")
 
 
 class MergingSettings(BaseModel):

@@ -31,7 +31,8 @@ from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 4  # 3: SessionSpec carries its sampling params whole (`sampling`); 4: `opened`
+PROTOCOL_VERSION = 5  # 3: SessionSpec carries its sampling params whole (`sampling`); 4: `opened`;
+# 5: Verdict.num_bridged
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
 
 # --- Celery (control path) ---------------------------------------------------
@@ -361,6 +362,9 @@ class Verdict(Message):
     block_id: int = 0  # the block's (DraftBlock.block_id)
     verify_started_at: float = 0.0
     verify_finished_at: float = field(default_factory=time.time)
+    # of num_rounds, the target-only rounds the verify worker ran on its own while the block was on its way
+    # (services/speculative/bridging.py); the block's drafted tokens were checked against their tokens
+    num_bridged: int = 0
 
 
 @dataclass

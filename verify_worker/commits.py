@@ -18,7 +18,8 @@ from services.protocol import DraftBlock, OutputEvent
 from services.redis_client import RoundCommitter
 from verify_worker.committed import CommittedEvents
 from verify_worker.records import Recorder
-from verify_worker.sessions import SessionTable, VerifySession
+from verify_worker.session_table import SessionTable
+from verify_worker.sessions import VerifySession
 from verify_worker.verdicts import CommitItem, failure_item
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,9 @@ class StepCounters:
     tokens: int = 0
     forward_s: float = 0.0  # in the engine's forward
     step_s: float = 0.0  # forward + preparing rows, the round math, commits
+    bridged_rounds: int = 0  # target-only rounds run while a block was on its way (bridging), counted per block
+    blocks_bridged: int = 0  # blocks that came after such rounds
+    blocks_answered: int = 0  # of those, blocks with nothing left to verify (answered at once)
 
     @property
     def mean_rows(self) -> float:
@@ -34,6 +37,12 @@ class WorkerFigures:
 
     def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.rounds.append((num_draft_tokens, num_accepted))
+
+    def record_bridged(self, num_rounds: int, *, answered: bool) -> None:
+        """A block came `num_rounds` bridged rounds after its point; answered: nothing of it was left to verify."""
+        self.counters.bridged_rounds += num_rounds
+        self.counters.blocks_bridged += 1
+        self.counters.blocks_answered += int(answered)
 
     def record_step(self, *, rows: int, tokens: int, forward_s: float, step_s: float, streaming_rows: int,
                     streamed: int) -> None:

@@ -1,5 +1,5 @@
-"""Per-request state on a verify worker, and the table that bounds their KV memory (LRU over idle sessions).
-(Just over 300 lines: a session, its rebuild from the stream and the table that holds them.)
+"""Per-request state on a verify worker: a session, its bridge, and its rebuild from the stream (the table that
+holds them and bounds their KV memory is in session_table.py).
 
 A session is the round's TargetSession (services/engine/target.py) plus what
 the worker needs around it: the request spec, the block it is working on,
@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from services.config import MergingSettings
 from services.engine.draft_session import DraftSession
-from services.engine.prefix_cache import PrefixSource, RetiredPrefixes, best_prefix
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
+from services.speculative.bridging import fast_forward
 from services.speculative.chaining import chain_holds
 from services.speculative.stats import SpecDecodingStats
 
@@ -48,6 +46,14 @@ class VerifySession:
     parked: list[DraftBlock] = field(default_factory=list)
     last_block: DraftBlock | None = None
     last_verdict: Verdict | None = None
+    # Bridging (services/speculative/bridging.py): whether the session may, and (round, committed tokens) where
+    # its bridge began (None: not bridging); each bridged round commits one token
+    may_bridge: bool = False
+    bridge_from: tuple[int, int] | None = None
+    num_bridged: int = 0  # rounds bridged before the block in hand (its verdict says so)
+    # seconds from a verdict to the next block's arrival, smoothed, after a block accepted whole (its chained
+    # successor is likely on its way) and after any other verdict (the draft drafts again from it)
+    gaps: dict[bool, float] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -60,7 +66,13 @@ class VerifySession:
 
     @property
     def has_work(self) -> bool:
-        return self.block is not None and not self.target.finished
+        """A block in hand, or a bridge: the next step has a row for it."""
+        return (self.block is not None or self.bridge_from is not None) and not self.target.finished
+
+    @property
+    def bridging(self) -> bool:
+        """Between a verdict and the next block, running target-only rounds of its own."""
+        return self.block is None and self.bridge_from is not None and not self.target.finished
 
     @property
     def active(self) -> bool:
@@ -69,27 +81,92 @@ class VerifySession:
 
     @property
     def autonomous(self) -> bool:
-        """Running target-only rounds of its block on its own (no block awaited between them)."""
-        return self.has_work and self.first_round_done
+        """Running target-only rounds on its own: the rest of its block's, or a bridge's."""
+        return self.has_work and (self.first_round_done or self.block is None)
 
     def take(self, block: DraftBlock, *, first_round_done: bool = False,
              base_stats: SpecDecodingStats | None = None) -> None:
         """Work on `block` (whose first round may already be committed: a block resumed elsewhere)."""
-        self.block = block
-        self.first_round_done = first_round_done
+        self._hold(block, first_round_done, base_stats, num_bridged=0)
         self.block_end_round = block.round + max(1, block.num_rounds)
+        if not first_round_done:
+            self.target.set_draft(block.draft_ids, decode_probs(block))
+
+    def _hold(self, block: DraftBlock, first_round_done: bool, base_stats: SpecDecodingStats | None,
+              num_bridged: int) -> None:
+        self.block = block
+        self.bridge_from = None
+        self.num_bridged = num_bridged
+        self.first_round_done = first_round_done
         self.block_stats = (base_stats or self.target.stats).copy()
         self.block_started_at = time.time()  # taken: time from here to the verdict is the worker's
         self.arrived_at = time.monotonic()
-        if not first_round_done:
-            self.target.set_draft(block.draft_ids, decode_probs(block))
+
+    @property
+    def _whole(self) -> bool:
+        verdict, block = self.last_verdict, self.last_block
+        return bool(verdict and block and block.draft_ids and verdict.num_accepted == len(block.draft_ids))
+
+    def note_arrival(self) -> None:
+        """A block came while the session waited (or bridged) after its last verdict: the gap, for bridge_wait."""
+        if self.block is None and self.last_verdict is not None:
+            gap = time.monotonic() - self.last_verdict_at
+            before = self.gaps.get(self._whole)
+            self.gaps[self._whole] = gap if before is None else 0.7 * before + 0.3 * gap
+
+    def bridge_wait(self, step_s: float, now: float | None = None) -> float:
+        """Seconds until a bridged round should start (0: now). A round started just before the block comes
+        would hold the block up for a whole step, so none starts when the block is due within a step; a block
+        late by twice its usual gap is not counted on any more. No gap measured yet: now."""
+        gap = self.gaps.get(self._whole)
+        if gap is None:
+            return 0.0
+        elapsed = (time.monotonic() if now is None else now) - self.last_verdict_at
+        if elapsed + step_s <= gap or elapsed >= 2 * gap:
+            return 0.0
+        return 2 * gap - elapsed
+
+    def bridged_since(self, block: DraftBlock) -> int | None:
+        """Rounds bridged after the point `block` was drafted from, when that point is on this bridge (its
+        round and committed tokens moved together, one token a round); None when it is not."""
+        if not self.bridging:
+            return None
+        first_round, first_committed = self.bridge_from
+        offset = block.round - first_round
+        if offset < 0 or block.round > self.round or block.num_committed - first_committed != offset:
+            return None
+        return self.round - block.round
+
+    def take_bridged(self, block: DraftBlock, num_bridged: int) -> bool:
+        """Work on `block`, drafted `num_bridged` bridged rounds ago: its first tokens are checked against
+        theirs (services/speculative/bridging.py), the rest is verified from here. False when nothing is left
+        to verify: the block is done (block_done()) and its verdict due at once."""
+        bridged_ids = self.target.token_ids[block.num_committed:]
+        assert len(bridged_ids) == num_bridged, "a bridged round commits one token"
+        base_stats = self.target.stats.copy()
+        drafted = bool(block.draft_ids)
+        if not drafted:  # target-only rounds asked for: the bridged ones count as theirs
+            self._hold(block, True, base_stats, num_bridged=0)
+            self.block_end_round = block.round + max(1, block.num_rounds)
+            return not self.block_done()
+        outcome = fast_forward(block.draft_ids, bridged_ids)
+        self.target.stats.observe_checked(outcome.num_checked, outcome.num_matched, ends_draft=not outcome.rest)
+        self._hold(block, not outcome.rest, base_stats, num_bridged=num_bridged)
+        if not outcome.rest:
+            self.block_end_round = self.round
+            return False
+        self.block_end_round = self.round + max(1, block.num_rounds)
+        probs = decode_probs(block)
+        skip = outcome.num_matched
+        self.target.set_draft(block.draft_ids[skip:], probs[skip:] if probs is not None else None)
+        return True
 
     def block_done(self) -> bool:
         return self.target.finished or self.round >= self.block_end_round
 
     def expects(self, block: DraftBlock) -> bool:
         """A chained block whose parent is in hand or parked here: it waits for its parent's verdict."""
-        if not self.has_work:
+        if self.block is None or self.target.finished:
             return False
         return block.parent_id in (self.block.block_id, *(parked.block_id for parked in self.parked))
 
@@ -108,10 +185,14 @@ class VerifySession:
         return child
 
     def answered(self, verdict: Verdict) -> None:
-        """The block in hand is done and `verdict` says what it committed."""
+        """The block in hand is done and `verdict` says what it committed; a session that may bridges until
+        the next block comes."""
         self.last_block, self.last_verdict = self.block, verdict
         self.block = None
+        self.num_bridged = 0
         self.last_verdict_at = time.monotonic()
+        if self.may_bridge and not verdict.finished and self.local is None:
+            self.bridge_from = (self.round, self.target.num_committed)
 
 
 Reuse = Callable[[TargetSession, str | None], int]  # a new session's KV from a common prefix of the same salt
@@ -175,130 +256,3 @@ def resync_verdict(block: DraftBlock, events: list[OutputEvent]) -> Verdict:
         finished=bool(last and last.finished), finish_reason=last.finish_reason if last else None,
         worker_id="", num_rounds=len(done), stats=stats, block_sent_at=block.sent_at, block_id=block.block_id,
     )
-
-
-@dataclass
-class PrefixCounters:
-    """Cumulative prefix-reuse figures of a worker (its heartbeat carries them to /metrics)."""
-
-    lookups: int = 0  # sessions started (new or rebuilt) with reuse on
-    hits: int = 0  # of those, started from another sequence's prefix
-    reused_tokens: int = 0  # positions copied instead of prefilled
-    retired: int = 0  # finished sessions' sequences kept now
-    retired_bytes: int = 0
-
-
-class SessionTable:
-    """The worker's sessions, least recently used first, and the KV of finished ones kept for prefix reuse;
-    while the KV store is over budget, retired sequences go first, then idle sessions.
-
-    An evicted session is rebuilt from its committed prefix on its next block."""
-
-    def __init__(self, engine: TargetEngine, merging: MergingSettings | None = None) -> None:
-        self.engine = engine
-        self.merging = merging or MergingSettings()
-        self._sessions: OrderedDict[str, VerifySession] = OrderedDict()
-        self.retired = RetiredPrefixes(self.merging.retired_sessions if self.merging.prefix_reuse else 0)
-        self.prefix = PrefixCounters()
-        self.num_evictions = 0
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._sessions
-
-    def __iter__(self) -> Iterator[VerifySession]:
-        return iter(list(self._sessions.values()))
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.engine.store.used_bytes
-
-    def get(self, request_id: str) -> VerifySession | None:
-        return self._sessions.get(request_id)
-
-    def touch(self, session: VerifySession) -> None:
-        session.last_used = time.monotonic()
-        self._sessions.move_to_end(session.request_id)
-
-    def put(self, session: VerifySession) -> None:
-        self.pop(session.request_id)
-        self._sessions[session.request_id] = session
-
-    def pop(self, request_id: str, *, retire: bool = False) -> VerifySession | None:
-        """Forget a session; retire=True keeps its KV for prefix reuse (it finished or was cancelled: what it
-        holds is valid), else the memory goes back to the store."""
-        session = self._sessions.pop(request_id, None)
-        if session is not None:
-            if session.local is not None:
-                session.local.release()  # the draft's KV of this session
-            target = session.target
-            if retire and target.sequence.length >= self.merging.min_prefix_tokens:
-                self.retired.retire(request_id, target.token_ids, target.sequence, salt=session.spec.cache_salt)
-            else:
-                target.release()
-        return session
-
-    def _prefix_sources(self) -> Iterator[PrefixSource]:
-        for session in self._sessions.values():
-            yield PrefixSource(session.request_id, session.target.token_ids, session.target.sequence, retired=False,
-                               salt=session.spec.cache_salt)
-        yield from self.retired
-
-    def reuse_prefix(self, target: TargetSession, salt: str | None = None) -> int:
-        """Start a new session's empty KV from the longest common prefix a live or retired sequence holds (a
-        copy: nothing stays shared); the positions reused, 0 when none is long enough or the copy does not
-        fit the budget (the prompt is then prefilled as usual)."""
-        if not self.merging.prefix_reuse or target.sequence.length:
-            return 0
-        self.prefix.lookups += 1
-        match = best_prefix(target.token_ids, self._prefix_sources(), min_tokens=self.merging.min_prefix_tokens,
-                            salt=salt)
-        if match is None:
-            return 0
-        store = self.engine.store
-        needed = store.growth_bytes(target.sequence, match.length)
-        if not self.evict_idle(needed, keep={match.source.key}):
-            return 0
-        target.sequence.copy_prefix(match.source.sequence, match.length)
-        self.retired.touch(match.source.key)
-        self.prefix.hits += 1
-        self.prefix.reused_tokens += match.length
-        logger.info("prefix reuse: %d of %d tokens from %s%s", match.length, target.num_committed, match.source.key,
-                    " (finished)" if match.source.retired else "")
-        return match.length
-
-    def prefix_figures(self) -> dict:
-        self.prefix.retired = len(self.retired)
-        self.prefix.retired_bytes = sum(source.sequence.reserved_bytes for source in self.retired)
-        return asdict(self.prefix)
-
-    def drop_idle(self, idle_s: float) -> None:
-        """Drop sessions that have waited idle_s for a block: whoever drove them is gone (a rebuild from the
-        stream serves them if a block ever comes)."""
-        deadline = time.monotonic() - idle_s
-        for session in list(self._sessions.values()):
-            if session.last_used >= deadline:
-                break  # least recently used first: the rest are younger
-            if not session.active:
-                logger.info("dropped session %s: no block for %.0f s", session.request_id, idle_s,
-                            extra={"request_id": session.request_id})
-                self.pop(session.request_id)
-
-    def evict_idle(self, needed_bytes: int = 0, *, keep: set[str] = frozenset()) -> bool:
-        """Evict retired sequences, then idle sessions (no block in hand), least recently used first, until
-        `needed_bytes` more fit the budget; True when they do."""
-        store = self.engine.store
-        while store.over_budget(needed_bytes) and self.retired.evict_one(keep=keep):
-            pass
-        for session in list(self._sessions.values()):
-            if not store.over_budget(needed_bytes):
-                break
-            if session.active or session.request_id in keep or session.target.sequence.capacity == 0:
-                continue
-            self.pop(session.request_id)
-            self.num_evictions += 1
-            logger.info("evicted session %s (KV budget %d bytes)", session.request_id, store.budget_bytes,
-                        extra={"request_id": session.request_id})
-        return not store.over_budget(needed_bytes)

@@ -50,7 +50,8 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str,
         num_cached_tokens=session.num_cached_tokens,
         worker_id=worker_id,
     )
-    return CommitItem(session.request_id, event.seq, event.encode(), reply_to(session.block),
+    target_list = reply_to(session.block) if session.block is not None else protocol.verdict_queue(session.request_id)
+    return CommitItem(session.request_id, event.seq, event.encode(), target_list,
                       verdict.encode() if verdict is not None else b"", finished=output.finished)
 
 
@@ -74,6 +75,7 @@ def block_verdict(session: VerifySession, worker_id: str) -> Verdict:
         block_id=block.block_id,
         verify_started_at=session.block_started_at,
         verify_finished_at=time.time(),
+        num_bridged=session.num_bridged,
     )
 
 

@@ -45,13 +45,15 @@ from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
 from services.redis_client import REQUEST_TTL_S, write_heartbeat
-from services.speculative.chaining import chain_holds
+from services.speculative.bridging import bridges
+from services.speculative.chaining import chain_holds, followed
 from verify_worker.commits import StreamCommits
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
-from verify_worker.sessions import SessionTable, VerifySession, build_session, resume_block
+from verify_worker.session_table import SessionTable
+from verify_worker.sessions import VerifySession, build_session, resume_block
 from verify_worker.verdicts import CommitItem, block_verdict, round_item
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class VerifyWorker:
         self.recorder = recorder  # SQL records of those sessions
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
+        self._step_s = 0.0  # smoothed step time (a bridged round is not started when a block is due within one)
         self.sessions = SessionTable(engine, merging)
         self.commits = StreamCommits(client, self.sessions, worker_id, recorder)  # verify_worker/commits.py
         self._outage = False
@@ -124,7 +127,7 @@ class VerifyWorker:
 
     def turn(self, poll_s: float = 0.5) -> int:
         """One intake, local drafting, batch window and step; returns the rows stepped (0: idle)."""
-        self._admit(self._pop(0.0 if self._ready() or self._local_due() else poll_s))
+        self._admit(self._pop(0.0 if self._ready() or self._local_due() else min(poll_s, self._bridge_wait())))
         started = time.perf_counter()
         self._draft_local()
         self._wait_for_expected_blocks()
@@ -141,7 +144,18 @@ class VerifyWorker:
         return rows
 
     def _ready(self) -> list[VerifySession]:
-        return [session for session in self.sessions if session.has_work]
+        """Sessions with a row for the next step: a block in hand, or a bridge whose round is due; when any
+        has a block, every bridge rides along (the step runs anyway)."""
+        holding = [session for session in self.sessions if session.block is not None and session.has_work]
+        bridging = [session for session in self.sessions if session.bridging]
+        if holding or not bridging:
+            return holding + bridging
+        return [session for session in bridging if session.bridge_wait(self._step_s) == 0.0]
+
+    def _bridge_wait(self) -> float:
+        """Seconds until the first held bridge is due (inf: none)."""
+        return min((session.bridge_wait(self._step_s) for session in self.sessions if session.bridging),
+                   default=float("inf"))
 
     def _local(self) -> list[VerifySession]:
         return [session for session in self.sessions if session.local is not None]
@@ -222,11 +236,15 @@ class VerifyWorker:
             session = self.sessions.get(block.request_id)
             if session is None:
                 rebuild.append(block)
-            elif session.has_work and session.block.round == block.round:
+            elif session.block is not None and not session.target.finished and session.block.round == block.round:
                 logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round,
                              extra={"request_id": block.request_id})
+            elif session.bridging and session.bridged_since(block) is not None:
+                session.note_arrival()
+                self._take_bridged(session, block, session.bridged_since(block))
             elif not session.has_work and session.round == block.round \
                     and session.target.num_committed == block.num_committed:
+                session.note_arrival()
                 self._take(session, block)
             else:  # stale (answered from the stream), or ahead of what this worker holds (rebuilt)
                 rebuild.append(block)
@@ -243,6 +261,32 @@ class VerifyWorker:
             return
         self.sessions.touch(session)
 
+    def _take_bridged(self, session: VerifySession, block: DraftBlock, num_bridged: int) -> None:
+        """A block drafted `num_bridged` bridged rounds ago (services/speculative/bridging.py): the rest of it
+        is verified from here, or, when nothing is left of it, it is answered at once and the bridge goes on."""
+        if num_bridged == 0:
+            self._take(session, block)
+            return
+        try:
+            going = session.take_bridged(block, num_bridged)
+        except (ProtocolError, AssertionError) as exc:
+            self.commits.fail([(block.request_id, block)], f"bad block: {exc}")
+            return
+        self.sessions.touch(session)
+        self.figures.record_bridged(num_bridged, answered=not going)
+        if not going:
+            verdict = block_verdict(session, self.worker_id)
+            self.commits.publish([CommitItem.verdict_only(block, verdict)])
+            session.answered(verdict)
+
+    def _take_next(self, session: VerifySession, block: DraftBlock) -> None:
+        """A block that goes on from the session's last verdict (a chained block renumbered by followed())."""
+        num_bridged = session.bridged_since(block) if session.bridging else 0
+        if num_bridged is None:
+            self._rebuild([block])
+        else:
+            self._take_bridged(session, block, num_bridged)
+
     def _place_chained(self, block: DraftBlock) -> None:
         """A block sent ahead of its parent's verdict (services/speculative/chaining.py): parked while its
         parent is in hand, taken when its parent is done here and the assumption held, dropped when it did not
@@ -253,8 +297,10 @@ class VerifyWorker:
             session.parked.append(block)
         elif session is not None and session.last_block is not None \
                 and session.last_block.block_id == block.parent_id:
-            if not session.has_work and chain_holds(session.last_verdict, session.last_block, block):
-                self._take(session, block)
+            if session.block is None and not session.target.finished \
+                    and chain_holds(session.last_verdict, session.last_block, block):
+                session.note_arrival()
+                self._take_next(session, followed(block, session.last_verdict))
             else:
                 logger.debug("request %s round %d: chained block dropped (its parent's verdict broke the chain)",
                              block.request_id, block.round, extra={"request_id": block.request_id})
@@ -268,7 +314,7 @@ class VerifyWorker:
             if session.block is None and session.parked and session.request_id in self.sessions:
                 child = session.next_in_chain()
                 if child is not None:
-                    self._take(session, child)
+                    self._take_next(session, followed(child, session.last_verdict))
 
     def _rebuild(self, blocks: list[DraftBlock]) -> None:
         """Blocks whose session is not here in the right state: read spec and stream (one round trip) and
@@ -326,9 +372,10 @@ class VerifyWorker:
             self.sessions.pop(block.request_id)
             return
         events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-        outcome = resume_block(self.engine, SessionSpec.decode(raw_spec), events, block,
-                               reuse=self.sessions.reuse_prefix)
+        spec = SessionSpec.decode(raw_spec)
+        outcome = resume_block(self.engine, spec, events, block, reuse=self.sessions.reuse_prefix)
         if isinstance(outcome, VerifySession):
+            outcome.may_bridge = self.scheduler.bridge and bridges(spec.sampling, spec.route)
             self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
         elif outcome is not None:  # a stale block: answered, and a session held here is left as it is
             resyncs.append(CommitItem.verdict_only(block, outcome))
@@ -362,6 +409,8 @@ class VerifyWorker:
         self.commits.publish(items)
         self._continue_chains(sessions)
         step_s = time.perf_counter() - started
+        if all(streaming):  # a bridged round is one streaming token: prefill chunks say nothing of its cost
+            self._step_s = step_s if not self._step_s else 0.8 * self._step_s + 0.2 * step_s
         # what the turn measures for co-located drafting: tokens committed, unless a prompt was being
         # prefilled in it (that cost falls on drafting and plain turns alike, at random)
         self._committed = sum(len(result.committed) for result in results if result is not None) \
@@ -405,6 +454,9 @@ class VerifyWorker:
         for session, result in zip(sessions, results):
             self.sessions.touch(session)
             if result is None:  # a prefill chunk: nothing to commit yet
+                continue
+            if session.block is None:  # a bridged round: its tokens stream, the next block's verdict says them
+                items.append(round_item(session, result, self.worker_id))
                 continue
             if not session.first_round_done:
                 session.first_round_done = True

@@ -164,10 +164,12 @@ def throttled(ready: Callable[[], bool], every_s: float) -> Callable[[], bool]:
 
 
 def speculation_holds(speculation: Speculation, num_sent: int, verdict: Verdict) -> bool:
-    """Block k was accepted whole and the target's bonus token is the one the speculation assumed."""
+    """Block k was accepted whole, nothing after it was committed, and the target's bonus token is the one the
+    speculation assumed."""
     return (
         not verdict.finished
         and verdict.num_accepted == num_sent
+        and len(verdict.committed_ids) == num_sent + 1
         and bool(verdict.committed_ids)
         and verdict.committed_ids[-1] == speculation.bonus_guess
     )

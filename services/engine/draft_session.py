@@ -37,7 +37,7 @@ from services.models.drafters.base import DraftProposal, Drafter, block_probs, p
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
-from services.speculative.chaining import chain_holds
+from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
 from services.speculative.stats import SpecDecodingStats, percentile
 
@@ -155,6 +155,7 @@ class DraftSession:
         # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
         self._ready_ids: list[int] = []
         self._ready_probs: torch.Tensor | None = None
+        self._bridged_hint = 0  # rounds the verify worker bridged before the last block drafted from a verdict
         # SessionSpec.opened: the gateway sent round 0 itself; its verdict comes on the request's own verdict list
         # (the draft worker moves it into its inbox: draft_worker/opening.py)
         self.awaits_opening = spec.opened and self.round == 0
@@ -169,10 +170,15 @@ class DraftSession:
     # --- blocks ---------------------------------------------------------------------------------
     def _block_length(self, gamma: int | None = None, num_output: int | None = None) -> int:
         """gamma (default: the controller's) within the request's limits: a round emits up to gamma + 1
-        tokens, and a degraded pool caps gamma."""
+        tokens, and a degraded pool caps gamma. A block drafted from a verdict (no speculation ready) also
+        covers the rounds its verify worker bridged last time (services/speculative/bridging.py): they are
+        checked there, not verified, so gamma tokens are left to verify after them."""
         if self.drafter is None or self._plain_opening:
             return 0
-        gamma = self.controller.num_draft_tokens if gamma is None else gamma
+        if gamma is None:
+            gamma = self.controller.num_draft_tokens
+            if gamma > 0 and not self._ready_ids:
+                gamma += min(self._bridged_hint, gamma)
         remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
         return within_limits(gamma, remaining, self.gamma_cap, self.spec.max_draft_tokens)
 
@@ -350,9 +356,12 @@ class DraftSession:
         if verdict.num_draft_tokens or flight.block.draft_ids:
             self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
 
-        for _ in range(verdict.num_rounds - (1 if flight.block.draft_ids else 0)):
+        # target-only rounds the block asked for (those the verify worker bridged before it came are not)
+        for _ in range(verdict.num_rounds - verdict.num_bridged - (1 if flight.block.draft_ids else 0)):
             self.controller.update(0, 0)
         self.sticky_worker = verdict.worker_id or self.sticky_worker
+        if verdict.worker_id and not flight.ahead_of_verdict and flight.block.draft_ids:
+            self._bridged_hint = verdict.num_bridged
         self.round += verdict.num_rounds
         if verdict.finished:
             self.finish_reason = verdict.finish_reason or "stop"
@@ -360,7 +369,7 @@ class DraftSession:
             return True
         if self.ahead:
             return self._follow_chain(flight, verdict, speculation)
-        if speculation is not None and not flight.chained and verdict.num_rounds == 1 and \
+        if speculation is not None and not flight.chained and \
                 speculation_holds(speculation, len(flight.block.draft_ids), verdict):
             if self._block_length() > 0 and speculation.draft_ids:
                 # the speculated block is this round's; a short one is topped up from the same stream
@@ -378,6 +387,9 @@ class DraftSession:
         child = self.ahead[0]
         if chain_holds(verdict, flight.block, child.block):
             self.ahead.pop(0)
+            renumbered = followed(child.block, verdict)  # rounds bridged before its parent moved it
+            if renumbered is not child.block:
+                child.block, child.payload = renumbered, renumbered.encode()
             child.sent_at, child.sent_wall = time.perf_counter(), time.time()  # its wait for a verdict starts now
             self.in_flight = child
             self.timing.speculation_hits += 1

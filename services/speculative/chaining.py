@@ -17,6 +17,7 @@ greedy output identical to target-only, seeded sampling the same draws.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from services.protocol import DraftBlock, Verdict
@@ -26,21 +27,29 @@ MAX_BLOCKS_AHEAD = 4  # the auto depth's ceiling: every level deeper is drafted 
 
 def chain_holds(verdict: Verdict, parent: DraftBlock, child: DraftBlock) -> bool:
     """The child's assumption, checked against its parent's verdict: the verdict is a real verification of
-    that very parent, one drafted round, all of it accepted, the request goes on, and the bonus token is the
-    child's guess (so the child's context is exactly what was committed)."""
+    that very parent (a one-round block), all of it accepted, the request goes on, and the bonus token is the
+    child's guess (so the child's context is exactly what was committed: the parent's tokens and the bonus,
+    nothing more). The verdict may cover target-only rounds bridged before the parent came (services/
+    speculative/bridging.py): its tokens were checked against them."""
     return (
         child.parent_id != 0
         and child.parent_id == parent.block_id == verdict.block_id
         and bool(verdict.worker_id)
-        and verdict.num_rounds == 1
         and parent.num_rounds == 1
         and not verdict.finished
         and verdict.num_accepted == len(parent.draft_ids)
-        and bool(verdict.committed_ids)
+        and len(verdict.committed_ids) == len(parent.draft_ids) + 1
         and verdict.committed_ids[-1] == child.assumed_bonus
         and verdict.num_committed == child.num_committed
-        and child.round == parent.round + 1
     )
+
+
+def followed(child: DraftBlock, verdict: Verdict) -> DraftBlock:
+    """A chained block whose assumption held, numbered as the round after its parent's verdict: it was
+    numbered parent + 1 when drafted, and rounds bridged before the parent (services/speculative/bridging.py)
+    moved it. Both sides renumber it the same way."""
+    after = verdict.round + verdict.num_rounds
+    return child if child.round == after else dataclasses.replace(child, round=after)
 
 
 def blocks_ahead(setting: int, redis_rtt_ms: float | None, verify_ms: float | None,

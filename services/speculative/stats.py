@@ -37,6 +37,22 @@ class SpecDecodingStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self._count_positions(num_draft_tokens, num_accepted)
+
+    def observe_checked(self, num_draft_tokens: int, num_accepted: int, *, ends_draft: bool) -> None:
+        """Draft tokens checked against tokens the target committed on its own while they were on their way
+        (services/speculative/bridging.py): drafted and, the first num_accepted, accepted, in no target call of
+        their own. ends_draft: the block ends there (it counts as a draft); else the round verifying the
+        rest of it does (and counts its positions from 0 again)."""
+        assert 0 <= num_accepted <= num_draft_tokens
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += int(ends_draft)
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        self._count_positions(num_draft_tokens, num_accepted)
+
+    def _count_positions(self, num_draft_tokens: int, num_accepted: int) -> None:
         grow = num_draft_tokens - len(self.num_draft_tokens_per_pos)
         if grow > 0:
             self.num_draft_tokens_per_pos.extend([0] * grow)

@@ -31,9 +31,20 @@ class VerifyThread:
 
     def __init__(self, client: redis.Redis, target, *, worker_id: str = "verify-t", pool: str = "cpu",
                  scheduler: SchedulerSettings | None = None, kv_budget_bytes: int = 1 << 26,
-                 profile: dict | None = None, local: LocalDrafting | None = None) -> None:
-        self.worker = VerifyWorker(client=client, engine=TorchEngine(target, budget_bytes=kv_budget_bytes),
-                                   worker_id=worker_id, pool=pool, scheduler=scheduler,
+                 profile: dict | None = None, local: LocalDrafting | None = None, step_s: float = 0.0) -> None:
+        """step_s: each forward takes at least this long (a target that costs more than the tiny draft)."""
+        engine = TorchEngine(target, budget_bytes=kv_budget_bytes)
+        if step_s:
+            forward = engine.forward
+
+            def slow_forward(rows):
+                started = time.perf_counter()
+                logits = forward(rows)
+                time.sleep(max(0.0, step_s - (time.perf_counter() - started)))
+                return logits
+
+            engine.forward = slow_forward
+        self.worker = VerifyWorker(client=client, engine=engine, worker_id=worker_id, pool=pool, scheduler=scheduler,
                                    profile=CURVE if profile is None else profile, local=local)
         self.worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
         self.stop = threading.Event()

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from draft_worker import driver as driver_module
+from services.config import SchedulerSettings
 from services.models.drafters import DraftSource
 from services.protocol import SessionSpec, cancel_key, output_stream
 from services.speculative.params import SamplingParams
@@ -268,3 +269,27 @@ def test_a_session_the_gateway_opened_takes_its_round_0_as_its_first_block(fleet
     assert (fleet.llen(verdict_queue(request_id)) == 0) is draft_first
     if draft_first:  # drafted while the target prefilled: the speculation after round 0 was used
         assert result["speculation_hits"] > 0
+
+
+def test_a_verify_worker_that_bridges_while_blocks_cross_the_link_commits_target_only_output(target, redis_url):
+    """Between a verdict and the next block (60 ms of link away) the verify worker decodes the session itself,
+    then checks the block against those tokens: greedy output is target-only decoding's, chained blocks
+    included, and seeded sampling (which does not bridge) draws the same tokens as without a link."""
+    client = redis.Redis.from_url(redis_url)
+    # a target step that costs more than a tiny draft block, as with a real pair
+    verify = VerifyThread(client, target, scheduler=SchedulerSettings(bridge=True), step_s=0.04)
+    try:
+        source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+        with behind_link(client, 60) as linked:
+            tokens, _, _ = drive(client, source, pipelined=True, request_id="bridged", max_new_tokens=48,
+                                 blocks_ahead=3, draft_client=linked)
+            sampled, _, _ = drive(client, source, pipelined=True, request_id="bridged-seeded", max_new_tokens=24,
+                                  temperature=1.0, seed=7, draft_client=linked)
+        counters = verify.worker.figures.counters
+        assert tokens == reference(target, PROMPT, 48)
+        assert counters.bridged_rounds > 0 and counters.blocks_bridged > 0
+        nearby, _, _ = drive(client, source, pipelined=True, request_id="nearby-seeded", max_new_tokens=24,
+                             temperature=1.0, seed=7)
+        assert sampled == nearby
+    finally:
+        verify.close()

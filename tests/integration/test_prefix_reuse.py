@@ -11,7 +11,8 @@ from services.models.kv_store import PAGE_TOKENS
 from services.protocol import DraftBlock, OutputEvent, SessionSpec
 from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama
-from verify_worker.sessions import SessionTable, build_session
+from verify_worker.session_table import SessionTable
+from verify_worker.sessions import build_session
 
 SHARED = [(7 * i + 3) % 90 + 5 for i in range(80)]  # a "system prompt" of 80 tokens
 QUESTION_A = [11, 12, 13, 14, 15]

@@ -9,7 +9,8 @@ from services.models.kv_store import PAGE_TOKENS
 from services.protocol import DraftBlock, OutputEvent, SessionSpec
 from services.speculative.stats import SpecDecodingStats
 from tests.conftest import build_tiny_llama
-from verify_worker.sessions import SessionTable, build_session
+from verify_worker.session_table import SessionTable
+from verify_worker.sessions import build_session
 
 PROMPT = [5, 9, 13, 2, 40, 41, 7, 7, 30, 12]
 

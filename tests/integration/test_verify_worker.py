@@ -3,6 +3,8 @@ a draft driver that loses Redis for a moment."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 import torch
@@ -11,7 +13,9 @@ from services.models.drafters import DraftSource
 from services.models.drafters.base import block_probs
 from services.models.engine import TorchEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, output_stream, verify_pool_queue
+from services.config import SchedulerSettings
 from services.redis_client import read_events
+from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
 from verify_worker.worker import VerifyWorker
@@ -29,6 +33,14 @@ def client():
 @pytest.fixture
 def worker(client):
     return VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu")
+
+
+@pytest.fixture
+def bridging(client):
+    """A worker that bridges (scheduler.bridge): it decodes a session on its own between a verdict and the
+    next block."""
+    return VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu",
+                        scheduler=SchedulerSettings(bridge=True))
 
 
 def block(round_index: int, num_committed: int, draft_ids=(), **fields) -> DraftBlock:
@@ -208,3 +220,94 @@ def test_a_stream_that_lost_more_than_is_kept_ends_with_an_error(client, worker,
     events = read_events(client, "r")
     assert len(events) == 2 and events[-1].finish_reason == "error" and "lost more" in events[-1].error
     assert "r" not in worker.sessions
+
+
+def bridge(client, worker, rounds: int) -> None:
+    """Turns without a block: each runs one bridged target-only round of the session."""
+    for _ in range(rounds):
+        before = len(read_events(client, "r"))
+        while len(read_events(client, "r")) == before:
+            worker.turn(0.05)
+
+
+def test_between_a_verdict_and_the_next_block_the_worker_decodes_on_and_the_block_goes_on_from_there(client, bridging):
+    worker = bridging
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), out[0:2], block_id=1).encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    bridge(client, bridging, 3)  # the next block is on its way: the target commits out[3:6] meanwhile
+    assert output_tokens(client, "r") == out[:6] and len(verdicts(client)) == 1
+    # drafted from the first verdict: its first 3 tokens are the bridged ones, the rest is verified from there
+    worker._admit([(block(1, len(PROMPT) + 3, [*out[3:8], (out[8] + 1) % 96], block_id=2).encode(), False)])
+    session = worker.sessions.get("r")
+    assert session.target.draft_ids == [out[6], out[7], (out[8] + 1) % 96]
+    while len(verdicts(client)) < 2:
+        worker.turn(0.1)
+    verdict = verdicts(client)[-1]
+    assert (verdict.round, verdict.num_rounds, verdict.num_bridged) == (1, 4, 3)
+    assert (verdict.num_draft_tokens, verdict.num_accepted) == (6, 5)
+    assert verdict.committed_ids == out[3:9] and output_tokens(client, "r") == out[:9]
+    # a block drafted from that verdict whose second token is not what the bridge committed: answered at once
+    bridge(client, bridging, 3)
+    worker._admit([(block(5, len(PROMPT) + 9, [out[9], 0 if out[10] else 1, out[11]], block_id=3).encode(), False)])
+    verdict = verdicts(client)[-1]
+    assert (verdict.block_id, verdict.num_rounds, verdict.num_accepted) == (3, 3, 1)
+    assert verdict.committed_ids == out[9:12] and session.bridging  # and the bridge goes on
+    while not read_events(client, "r")[-1].finished:
+        worker.turn(0.05)
+    assert output_tokens(client, "r") == out and read_events(client, "r")[-1].finished
+
+
+def test_a_chained_block_after_a_bridged_parent_takes_the_round_after_its_verdict(client, bridging):
+    worker = bridging
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), [], block_id=1).encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    bridge(client, bridging, 2)  # out[1:3]
+    parent = block(1, len(PROMPT) + 1, out[1:5], block_id=2)
+    child = chained(parent, 3, out[5], out[6:8])  # numbered round 2 when drafted
+    worker._admit([(parent.encode(), False), (child.encode(), False)])
+    while len(verdicts(client)) < 3:
+        worker.turn(0.1)
+    first, second = verdicts(client)[1:]
+    assert (first.round, first.num_rounds, first.num_bridged, first.num_accepted) == (1, 3, 2, 4)
+    assert (second.block_id, second.round, second.num_accepted) == (3, 4, 2)  # the round after the parent's
+    assert output_tokens(client, "r") == out[:9]
+    assert [event.seq for event in read_events(client, "r")] == list(range(5))
+
+
+def test_a_seeded_sampled_session_does_not_bridge(client, bridging):
+    worker = bridging
+    sampling = SamplingParams(temperature=0.9, seed=11)
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True,
+                                    sampling=sampling))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    for _ in range(3):
+        worker.turn(0.02)
+    assert not worker.sessions.get("r").has_work and len(read_events(client, "r")) == 1
+
+
+def test_a_bridged_round_does_not_start_when_the_next_block_is_due_within_a_step(client, bridging):
+    worker = bridging
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    while not verdicts(client):
+        worker.turn(0.1)
+    session = worker.sessions.get("r")
+    assert session.bridge_wait(0.03) == 0.0  # no gap measured yet: bridge at once
+    session.gaps[False] = 0.1  # blocks come 100 ms after such a verdict
+    start = session.last_verdict_at
+    assert session.bridge_wait(0.03, now=start) == 0.0  # a step ends well before
+    assert session.bridge_wait(0.03, now=start + 0.08) == pytest.approx(0.12)  # it would hold the block up
+    assert session.bridge_wait(0.03, now=start + 0.25) == 0.0  # late by twice its gap: not counted on
+    session.last_verdict_at = time.monotonic() - 0.08
+    worker._step_s = 0.03
+    assert worker._ready() == [] and 0.0 < worker._bridge_wait() <= 0.12
+    worker._admit([(block(1, verdicts(client)[0].num_committed, [1, 2]).encode(), False)])
+    assert session.block is not None and 0.1 > session.gaps[False] > 0.08  # the gap measured, smoothed

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from services.protocol import DraftBlock, Verdict
-from services.speculative.chaining import MAX_BLOCKS_AHEAD, blocks_ahead, chain_holds
+from services.speculative.chaining import MAX_BLOCKS_AHEAD, blocks_ahead, chain_holds, followed
 
 PARENT = DraftBlock(request_id="r", round=3, num_committed=20, draft_ids=[7, 8, 9], block_id=5)
 CHILD = DraftBlock(request_id="r", round=4, num_committed=24, draft_ids=[1, 2], block_id=6, parent_id=5,
@@ -26,7 +26,7 @@ def test_a_parent_accepted_whole_with_the_guessed_bonus_holds_the_chain():
     {"finished": True},  # the request ended there
     {"worker_id": ""},  # a resync from the stream, not a verification
     {"block_id": 4},  # the verdict of another block of that round
-    {"num_rounds": 2},  # target-only rounds followed
+    {"num_rounds": 2, "committed_ids": [7, 8, 9, 42, 3], "num_committed": 25},  # a target-only round followed
 ])
 def test_any_other_verdict_breaks_it(change):
     assert not chain_holds(dataclasses.replace(WHOLE, **change), PARENT, CHILD)
@@ -35,7 +35,16 @@ def test_any_other_verdict_breaks_it(change):
 def test_a_block_that_is_not_the_childs_parent_breaks_it():
     assert not chain_holds(WHOLE, dataclasses.replace(PARENT, block_id=9), CHILD)
     assert not chain_holds(WHOLE, PARENT, dataclasses.replace(CHILD, parent_id=0))
-    assert not chain_holds(WHOLE, PARENT, dataclasses.replace(CHILD, round=5))
+    assert not chain_holds(WHOLE, dataclasses.replace(PARENT, num_rounds=2), CHILD)
+
+
+def test_rounds_bridged_before_the_parent_came_keep_the_chain_and_renumber_the_child():
+    """The verify worker ran 2 target-only rounds (tokens 7 and 8) while the parent was on its way: the
+    verdict covers 3 rounds, the same tokens; the child becomes the round after them, on both sides."""
+    bridged = dataclasses.replace(WHOLE, num_rounds=3, num_bridged=2)
+    assert chain_holds(bridged, PARENT, CHILD)
+    assert followed(CHILD, bridged).round == 6 and followed(CHILD, bridged).block_id == CHILD.block_id
+    assert followed(CHILD, WHOLE) is CHILD
 
 
 def test_blocks_ahead_cover_the_link_per_verify_time():

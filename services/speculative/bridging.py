@@ -1,0 +1,54 @@
+"""Bridging: the verify worker decodes target-only while a session's next block is on its way.
+
+Between a verdict and the next block the verify worker would idle for a trip
+over the draft link plus the drafting of that block. Instead it runs
+target-only rounds of one token each for the session (plain decoding, the
+very tokens target-only decoding commits) and streams them. When the block
+arrives, drafted from the verdict's point, its first tokens are checked
+against the tokens bridged meanwhile:
+
+- they all match and some draft tokens are left: the rest is verified as
+  usual, from where the bridge got to (the block "fast-forwards");
+- a token differs, or the bridge went past the whole block: the block is
+  answered at once with a verdict of everything committed since its point,
+  and the bridge goes on.
+
+Greedy output stays identical to target-only (every committed token is the
+target's own choice or a draft token checked against it). Sampled output
+keeps its distribution: the bridged tokens are the target's own samples and
+the rest of the block is drafted on exactly that prefix. Seeded sampling
+does not bridge: round r draws from its own stream, and where the rounds fall
+would depend on timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from services.speculative.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class FastForward:
+    num_checked: int  # draft tokens compared with bridged tokens
+    num_matched: int  # of those, how many from the start agreed
+    rest: int  # draft tokens still to verify (0: the block is answered at once)
+
+
+def fast_forward(draft_ids: Sequence[int], bridged_ids: Sequence[int]) -> FastForward:
+    """A block's draft tokens against the tokens the target committed on its own since the block's point."""
+    matched = 0
+    for draft_id, bridged_id in zip(draft_ids, bridged_ids):
+        if draft_id != bridged_id:
+            break
+        matched += 1
+    if matched == len(bridged_ids) and matched < len(draft_ids):
+        return FastForward(matched, matched, len(draft_ids) - matched)
+    checked = min(len(draft_ids), matched + 1, len(bridged_ids))
+    return FastForward(checked, matched, 0)
+
+
+def bridges(sampling: SamplingParams, route: str) -> bool:
+    """Whether a session may bridge: drafted remotely on the speculative route, greedy or unseeded."""
+    return route == "sd" and (sampling.greedy or sampling.seed is None)
