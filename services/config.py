@@ -194,9 +194,9 @@ class SchedulerSettings(BaseModel):
                                   "most one chunk per step; raise it where a step's cost is flat in tokens (GPUs)")
     bridge: bool = Field(False, description="between a verdict and a remote session's next block, decode it "
                          "target-only instead of idling, and check the block against those tokens when it comes "
-                         "(services/speculative/bridging.py; lossless; greedy and unseeded sampling). Smoother "
-                         "streams, but off by default: on a 2-core box with the draft 20-50 ms away it cost ~7% of "
-                         "throughput (docs/bench/bridging-2026-12-03)")
+                         "(services/speculative/bridging.py; lossless; greedy and unseeded sampling). Steadier "
+                         "streams; +7% at 20 ms RTT where the verify worker has its cores to itself, -7% where it "
+                         "shares them with a draft worker, as on one box (docs/bench/bridging-2026-12-03)")
 
 
 class MergingSettings(BaseModel):
