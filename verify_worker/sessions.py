@@ -18,6 +18,7 @@ from services.engine.draft_session import DraftSession
 from services.engine.stopping import OutputState
 from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
+from services.link.meter import smoothed
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
 from services.speculative.bridging import fast_forward
 from services.speculative.chaining import chain_holds
@@ -110,9 +111,8 @@ class VerifySession:
     def note_arrival(self) -> None:
         """A block came while the session waited (or bridged) after its last verdict: the gap, for bridge_wait."""
         if self.block is None and self.last_verdict is not None:
-            gap = time.monotonic() - self.last_verdict_at
-            before = self.gaps.get(self._whole)
-            self.gaps[self._whole] = gap if before is None else 0.7 * before + 0.3 * gap
+            self.gaps[self._whole] = smoothed(self.gaps.get(self._whole), time.monotonic() - self.last_verdict_at,
+                                              weight=0.3)
 
     def bridge_wait(self, step_s: float, now: float | None = None) -> float:
         """Seconds until a bridged round should start (0: now). A round started just before the block comes

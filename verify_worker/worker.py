@@ -41,6 +41,7 @@ import redis
 from services import protocol
 from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, run_step
+from services.link.meter import smoothed
 from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
@@ -94,7 +95,7 @@ class VerifyWorker:
         self.recorder = recorder  # SQL records of those sessions
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
-        self._step_s = 0.0  # smoothed step time (a bridged round is not started when a block is due within one)
+        self._step_s: float | None = None  # smoothed step time: no bridged round starts with a block due in one
         self.sessions = SessionTable(engine, merging)
         self.commits = StreamCommits(client, self.sessions, worker_id, recorder)  # verify_worker/commits.py
         self._outage = False
@@ -150,11 +151,11 @@ class VerifyWorker:
         bridging = [session for session in self.sessions if session.bridging]
         if holding or not bridging:
             return holding + bridging
-        return [session for session in bridging if session.bridge_wait(self._step_s) == 0.0]
+        return [session for session in bridging if session.bridge_wait(self._step_s or 0.0) == 0.0]
 
     def _bridge_wait(self) -> float:
         """Seconds until the first held bridge is due (inf: none)."""
-        return min((session.bridge_wait(self._step_s) for session in self.sessions if session.bridging),
+        return min((session.bridge_wait(self._step_s or 0.0) for session in self.sessions if session.bridging),
                    default=float("inf"))
 
     def _local(self) -> list[VerifySession]:
@@ -239,9 +240,9 @@ class VerifyWorker:
             elif session.block is not None and not session.target.finished and session.block.round == block.round:
                 logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round,
                              extra={"request_id": block.request_id})
-            elif session.bridging and session.bridged_since(block) is not None:
+            elif session.bridging and (num_bridged := session.bridged_since(block)) is not None:
                 session.note_arrival()
-                self._take_bridged(session, block, session.bridged_since(block))
+                self._take_bridged(session, block, num_bridged)
             elif not session.has_work and session.round == block.round \
                     and session.target.num_committed == block.num_committed:
                 session.note_arrival()
@@ -410,7 +411,7 @@ class VerifyWorker:
         self._continue_chains(sessions)
         step_s = time.perf_counter() - started
         if all(streaming):  # a bridged round is one streaming token: prefill chunks say nothing of its cost
-            self._step_s = step_s if not self._step_s else 0.8 * self._step_s + 0.2 * step_s
+            self._step_s = smoothed(self._step_s, step_s, weight=0.2)
         # what the turn measures for co-located drafting: tokens committed, unless a prompt was being
         # prefilled in it (that cost falls on drafting and plain turns alike, at random)
         self._committed = sum(len(result.committed) for result in results if result is not None) \
