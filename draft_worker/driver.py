@@ -112,6 +112,7 @@ class SessionDriver(threading.Thread):
         self._controlled = 0.0
         self._looked = 0.0
         self.num_verdicts = 0
+        self.num_turns = 0  # a driver with nothing to do waits on its inbox: this stays low while it does
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
         self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
@@ -168,6 +169,7 @@ class SessionDriver(threading.Thread):
         logger.info("draft driver: Redis is back; re-sent %d blocks in flight", len(waiting))
 
     def turn(self) -> None:
+        self.num_turns += 1
         self._start_new()
         self._take_outcomes()
         arrivals = self._take_verdicts(wait=not self._due and not self._speculation_pending()
@@ -195,7 +197,8 @@ class SessionDriver(threading.Thread):
             incoming, self._incoming = self._incoming, []
         for handle in incoming:
             self._handles[handle.session.request_id] = handle
-            self._due[handle.session.request_id] = handle
+            if handle.session.in_flight is None:  # else its first block is out (the gateway sent round 0)
+                self._due[handle.session.request_id] = handle
 
     @property
     def blocks_ahead(self) -> int:

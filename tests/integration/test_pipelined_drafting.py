@@ -271,6 +271,39 @@ def test_a_session_the_gateway_opened_takes_its_round_0_as_its_first_block(fleet
         assert result["speculation_hits"] > 0
 
 
+@pytest.mark.parametrize("route", ["sd", "ar"])
+def test_the_driver_waits_on_its_inbox_while_an_opened_sessions_round_0_is_out(target, redis_url, route):
+    """A session the gateway opened has its first block out from the start. While round 0 is verified (a long
+    prompt's prefill, seconds on a CPU) the driver has nothing to send once block 1 is speculated: it must wait
+    on its inbox, not spin on a core that the verify worker and the gateway share with it on one box."""
+    from draft_worker.runtime import drive_session
+
+    client = redis.Redis.from_url(redis_url)
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    request_id = f"opened-quiet-{route}"
+    spec = SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=30, ignore_eos=True, opened=True,
+                       route=route)
+    submit_spec(client, spec)  # round 0 is never verified here: its verdict does not come
+    runtime = draft_runtime(client, source, pipelined=True)
+    driving = threading.Thread(target=lambda: drive_session(runtime, request_id), daemon=True)
+    try:
+        driving.start()
+        deadline = time.monotonic() + 30
+        while runtime.driver.num_sessions == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.5)  # block 1's speculation (a tiny draft) is done by now
+        turns = runtime.driver.num_turns
+        time.sleep(1.0)
+        # woken by the control look (every CONTROL_EVERY_S) and the outbox, not turning in a loop
+        assert runtime.driver.num_turns - turns <= 4 / driver_module.CONTROL_EVERY_S
+        client.set(cancel_key(request_id), 1)
+        driving.join(30)
+        assert not driving.is_alive()
+    finally:
+        runtime.close()
+
+
 def test_a_verify_worker_that_bridges_while_blocks_cross_the_link_commits_target_only_output(target, redis_url):
     """Between a verdict and the next block (60 ms of link away) the verify worker decodes the session itself,
     then checks the block against those tokens: greedy output is target-only decoding's, chained blocks
