@@ -190,6 +190,18 @@ def choose_placement(placement: str, device: str, cores: int | None = None) -> s
     return "local" if device == "cpu" and cores < 2 else "remote"
 
 
+def verify_worker_threads(cores: int, *, model_draft: bool, local: bool, pin: bool, pools: bool,
+                          device: str) -> tuple[int, int | None]:
+    """The one verify worker's torch threads on a box of `cores`, and its wide threads (worker.wide_threads;
+    None: none). A model draft worker needs a core of its own (prompt lookup barely uses one; co-located drafting
+    has none); while no session keeps that draft busy (the plain route, target-only rounds) its core is the
+    verify worker's: a step on every core then, as in-process decoding has. Not when pinned (the verify worker
+    may not run there), nor with several verify workers sharing the cores out."""
+    threads = max(1, cores - 1) if (model_draft or pin) and not local else cores
+    wide = threads < cores and not (pin or pools) and device == "cpu"
+    return threads, cores if wide else None
+
+
 def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
                 ready_timeout_s: float = 180.0, log_dir: Path | None = None,
                 pin: bool = False, verify_pools: list[VerifyPool] | None = None,
@@ -217,13 +229,15 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     usable = sorted(os.sched_getaffinity(0))
     cores = len(usable)
     child_env = {**os.environ, **(env or {}), "MIRROR_SD_REDIS_URL": redis_url}
-    # A model draft needs a core of its own; prompt lookup barely uses one.
     from services.config import get_settings
 
     model_draft = is_model_draft(resolve_draft_spec(draft, get_settings().target))
     local = placement == "local"
-    verify_threads = max(1, cores - 1) if (model_draft or pin) and not local else cores
+    verify_threads, wide_threads = verify_worker_threads(cores, model_draft=model_draft, local=local, pin=pin,
+                                                         pools=bool(verify_pools), device=get_settings().device)
     commands = child_commands(port=port, verify_threads=verify_threads, draft_threads=1)
+    if wide_threads is not None:
+        commands["verify-worker"] = [*commands["verify-worker"], "--wide-threads", str(wide_threads)]
     if local:
         del commands["draft-worker"]
         commands["verify-worker"] = [*commands["verify-worker"], "--draft-placement", "local"]

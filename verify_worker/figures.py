@@ -22,6 +22,7 @@ class StepCounters:
     bridged_rounds: int = 0  # target-only rounds run while a block was on its way (bridging), counted per block
     blocks_bridged: int = 0  # blocks that came after such rounds
     blocks_answered: int = 0  # of those, blocks with nothing left to verify (answered at once)
+    wide_steps: int = 0  # steps run on worker.wide_threads (no draft worker drafting for any session)
 
     @property
     def mean_rows(self) -> float:
@@ -45,7 +46,7 @@ class WorkerFigures:
         self.counters.blocks_answered += int(answered)
 
     def record_step(self, *, rows: int, tokens: int, forward_s: float, step_s: float, streaming_rows: int,
-                    streamed: int) -> None:
+                    streamed: int, wide: bool = False) -> None:
         """streaming_rows: rows of running streams (their prompt done); streamed: the tokens they committed. A
         prompt's prefill is its time to first token, not a per-token latency, so only streams count there
         (a prefill chunk sharing their step still slows them, and shows)."""
@@ -55,6 +56,7 @@ class WorkerFigures:
         counters.tokens += tokens
         counters.forward_s += forward_s
         counters.step_s += step_s
+        counters.wide_steps += int(wide)
         logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", rows, tokens, 1000 * forward_s,
                      1000 * step_s)
         if streamed:  # ms per committed token, as a stream of this step saw it: step time x rows / tokens

@@ -84,6 +84,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         profile={**profile, **(local.draft_profile if local is not None else {})},
         local=local,
         recorder=recorder,
+        wide_threads=settings.worker.wide_threads,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -81,6 +81,16 @@ class VerifySession:
         return self.has_work or (self.local is not None and not self.target.finished)
 
     @property
+    def keeps_a_draft_busy(self) -> bool:
+        """A draft worker drafts for it now, or will at its next verdict: a remote speculative session, unless the
+        block in hand is target-only rounds after round 0 (the draft waits for their verdict; it speculates only
+        during an opening round). A bridging session's draft is drafting its next block."""
+        if self.local is not None or self.spec.route != "sd" or self.target.finished:
+            return False
+        block = self.block
+        return block is None or bool(block.draft_ids) or block.round == 0
+
+    @property
     def autonomous(self) -> bool:
         """Running target-only rounds on its own: the rest of its block's, or a bridge's."""
         return self.has_work and (self.first_round_done or self.block is None)

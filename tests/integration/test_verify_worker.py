@@ -311,3 +311,72 @@ def test_a_bridged_round_does_not_start_when_the_next_block_is_due_within_a_step
     assert worker._ready() == [] and 0.0 < worker._bridge_wait() <= 0.12
     worker._admit([(block(1, verdicts(client)[0].num_committed, [1, 2]).encode(), False)])
     assert session.block is not None and 0.1 > session.gaps[False] > 0.08  # the gap measured, smoothed
+
+
+@pytest.fixture
+def wide(client):
+    """A worker on one torch thread that may borrow a second core (worker.wide_threads), with the threads each
+    forward ran on."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    worker = VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu",
+                          wide_threads=2)
+    worker.wide_min_tokens = 1  # every step is big enough to go wide: this is about whose draft is busy
+    forward, worker.forward_threads = worker.engine.forward, []
+
+    def recording(rows):
+        worker.forward_threads.append(torch.get_num_threads())
+        return forward(rows)
+
+    worker.engine.forward = recording
+    yield worker
+    torch.set_num_threads(before)
+
+
+def finished(client, request_id: str) -> bool:
+    events = read_events(client, request_id)
+    return bool(events) and events[-1].finished
+
+
+def turn_until(worker, done) -> list[int]:
+    """Turns until done(); the threads of the forwards they ran."""
+    start = len(worker.forward_threads)
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline
+        worker.turn(0.1)
+    return worker.forward_threads[start:]
+
+
+def test_a_step_borrows_the_draft_core_only_while_no_session_keeps_a_draft_busy(client, wide):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=16, ignore_eos=True))
+    # round 0 target-only (an opening): the draft speculates the next block meanwhile
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    assert set(turn_until(wide, lambda: verdicts(client))) == {1}
+    client.rpush(verify_pool_queue("cpu"), block(1, verdicts(client)[-1].num_committed, [3, 4]).encode())
+    assert set(turn_until(wide, lambda: len(verdicts(client)) == 2)) == {1}  # drafted: its draft drafts meanwhile
+    # target-only rounds after round 0: the draft waits for their verdict, its core is free
+    client.rpush(verify_pool_queue("cpu"), block(2, verdicts(client)[-1].num_committed, num_rounds=4).encode())
+    assert turn_until(wide, lambda: len(verdicts(client)) == 3) == [2, 2, 2, 2]
+    assert wide.figures.counters.wide_steps == 4 and wide.figures.heartbeat_fields()["step_counters"]["wide_steps"] == 4
+    # the plain route beside it: narrow while "r" waits for the block its draft is drafting, wide once "r" is done
+    submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], num_rounds=3, reply_to=REPLY).encode())
+    assert set(turn_until(wide, lambda: finished(client, "p"))) == {1}
+    wide.sessions.pop("r")
+    submit_spec(client, SessionSpec(request_id="q", prompt_ids=PROMPT[:7], max_new_tokens=3, ignore_eos=True,
+                                    route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="q", round=0, num_committed=7, draft_ids=[],
+                                                      num_rounds=3, reply_to=REPLY).encode())
+    assert set(turn_until(wide, lambda: finished(client, "q"))) == {2}
+
+
+def test_only_a_step_big_enough_to_gain_from_a_second_core_borrows_it(client, wide):
+    """A lone stream's one-token steps are bound by memory: a second thread only adds its wait. A prompt's
+    prefill is bound by compute."""
+    wide.wide_min_tokens = len(PROMPT)
+    submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], num_rounds=3, reply_to=REPLY).encode())
+    assert turn_until(wide, lambda: finished(client, "p")) == [2, 1, 1]  # the prompt, then one token a step

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.fleet.workers import drafts_locally, opens_sessions
 from services.protocol import Heartbeat
-from services.stack import choose_placement
+from services.stack import choose_placement, verify_worker_threads
 
 
 def test_auto_drafts_in_the_verify_worker_only_when_no_core_is_left_for_a_draft_worker():
@@ -20,6 +20,20 @@ def test_auto_drafts_in_the_verify_worker_only_when_no_core_is_left_for_a_draft_
 def test_an_unknown_placement_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match=r"one of auto, local, remote, got 'edge'"):
         choose_placement("edge", "cpu")
+
+
+def test_the_verify_worker_borrows_the_draft_core_only_when_a_draft_worker_has_one_on_its_box():
+    def threads(cores=2, model_draft=True, local=False, pin=False, pools=False, device="cpu"):
+        return verify_worker_threads(cores, model_draft=model_draft, local=local, pin=pin, pools=pools, device=device)
+
+    assert threads() == (1, 2)  # a model draft worker on one core: every core while it has nothing to draft
+    assert threads(cores=8) == (7, 8)
+    assert threads(model_draft=False) == (2, None)  # prompt lookup: every core always
+    assert threads(local=True) == (2, None)  # co-located drafting: every core always
+    assert threads(pin=True) == (1, None)  # pinned: the verify worker may not run on the draft's core
+    assert threads(pools=True) == (1, None)  # several verify workers share the cores out
+    assert threads(device="cuda") == (1, None)
+    assert threads(cores=1) == (1, None)
 
 
 def verify(worker_id: str, pool: str, local_draft: str = "") -> Heartbeat:
