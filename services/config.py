@@ -106,9 +106,10 @@ class WorkerSettings(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_ttl_s: float = Field(3.0, gt=0)
     kv_budget_mb: int = Field(2048, ge=1, description="verify worker KV-cache budget")
-    wide_threads: int | None = Field(None, ge=1, description="verify workers: torch threads for a step while no "
-                                     "draft worker drafts for any of its sessions (the plain route, target-only "
-                                     "rounds, a fallen-back draft), num_threads otherwise. On one box the draft "
+    wide_threads: int | None = Field(None, ge=1, description="verify workers: torch threads for a step of 16+ "
+                                     "tokens (prefill chunks, many rows) while no draft worker drafts for any of "
+                                     "its sessions (the plain route, target-only rounds, a fallen-back draft), "
+                                     "num_threads otherwise. On one box the draft "
                                      "worker's core is idle then: `mirror-sd up` sets it to every core. None: "
                                      "num_threads always")
     verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
