@@ -29,7 +29,7 @@ class DrainingServer(uvicorn.Server):
         AppStatus.disable_automatic_graceful_drain()  # streams end when we say so, not on the signal
 
     def _state(self):
-        app = self.config.loaded_app
+        app = getattr(self.config, "loaded_app", None)  # set once uvicorn has imported the app
         while app is not None and not hasattr(getattr(app, "state", None), "gateway"):
             app = getattr(app, "app", None)  # through uvicorn's middleware wrappers to the FastAPI app
         return getattr(app.state, "gateway", None) if app is not None else None
@@ -37,7 +37,8 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = self._state()
         if self.drain_started is not None or state is None:  # a second signal, or nothing started yet
-            logger.warning("signal %d while draining: stopping now", sig)
+            logger.warning("signal %d %s: stopping now", sig, "while draining" if state is not None else
+                           "before the gateway started")
             AppStatus.should_exit = True
             self.force_exit = self.should_exit
             self.should_exit = True

@@ -185,3 +185,16 @@ def test_the_early_layer_admits_or_refuses_before_the_body_is_read():
     admission.inflight = 0
     admission.drain()
     assert asyncio.run(call("/v1/chat/completions"))[0]["status"] == 503
+
+
+def test_a_signal_before_the_gateway_loaded_its_app_stops_it_without_an_error():
+    """SIGINT during start-up (Ctrl-C on `mirror-sd up` while it starts): uvicorn has no app yet."""
+    import signal
+
+    import uvicorn
+
+    from gateway.drain import DrainingServer
+
+    server = DrainingServer(uvicorn.Config("gateway.app:app"), drain_timeout_s=1.0)
+    server.handle_exit(signal.SIGINT, None)
+    assert server.should_exit and server.drain_started is None
