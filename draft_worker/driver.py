@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from services.engine.draft_pipeline import SpeculationState, speculate_many, warm_up
+from services.engine.draft_pipeline import SpeculationState, prefill, speculate_many, warm_up
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
 from draft_worker.inbox import InboxListener
@@ -69,6 +69,7 @@ FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its ver
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
 UNTAKEN_AFTER_S = 2.0
 IDLE_WAIT_S = 0.5
+CATCH_UP_ROUNDS = 64  # stream entries read back for a session that was bridged while its draft prefilled
 
 
 class SessionFailed(RuntimeError):
@@ -92,13 +93,14 @@ class SessionHandle:
 
 class SessionDriver(threading.Thread):
     def __init__(self, *, client: redis.Redis, worker_id: str, verdict_timeout_s: float,
-                 blocks_ahead: int = 0) -> None:
+                 blocks_ahead: int = 0, prefill_after_opening: bool = False) -> None:
         super().__init__(daemon=True, name="draft-driver")
         self.client = client
         self.worker_id = worker_id
         self.inbox = protocol.draft_inbox(worker_id)
         self.verdict_timeout_s = verdict_timeout_s
         self.blocks_ahead_setting = blocks_ahead  # WorkerSettings.blocks_ahead: 0 = from the link
+        self.prefill_after_opening = prefill_after_opening  # SpeculativeSettings.draft_prefill == "after_opening"
         self._verify_ms: float | None = None  # smoothed verify time of the rounds (for the depth)
         self.committer = RoundCommitter(client)
         self._handles: dict[str, SessionHandle] = {}
@@ -230,6 +232,9 @@ class SessionDriver(threading.Thread):
         due = [handle for handle in self._due.values() if handle.session.in_flight is None]
         if not due:
             return self._chained_blocks()
+        late = [handle for handle in due if handle.session.catching_up]
+        if late and self.prefill_after_opening:
+            self._catch_up(late)
         calls = [(handle, handle.session.draft_call()) for handle in due]
         wanted = [(handle, call) for handle, call in calls if call is not None]
         proposals: dict[int, tuple[DraftProposal, float]] = {}
@@ -251,6 +256,26 @@ class SessionDriver(threading.Thread):
                 continue
             blocks.append((handle, handle.session.next_block(*proposals.get(id(handle), (None, 0.0)))))
         return blocks + self._chained_blocks()
+
+    def _catch_up(self, handles: list[SessionHandle]) -> None:
+        """Sessions whose draft prefills after their opening's verdict: the verify worker decoded them on its own
+        meanwhile (bridging). Their prompts are prefilled first (batched), then the rounds committed since are
+        read from their streams (one pipeline) and taken as committed: the first block is drafted from there,
+        and is not answered unverified for a bridge that went past it."""
+        prefill([(handle.session.drafter, handle.session.committed) for handle in handles
+                 if handle.session.drafter is not None])
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle in handles:
+                pipe.xrevrange(protocol.output_stream(handle.session.request_id), count=CATCH_UP_ROUNDS)
+            replies = self._execute(pipe)
+        for handle, entries in zip(handles, replies):
+            try:
+                events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
+            except (ProtocolError, KeyError) as exc:
+                logger.warning("request %s: an unreadable output event (%s): drafted from its verdict",
+                               handle.session.request_id, exc, extra={"request_id": handle.session.request_id})
+                events = []
+            handle.session.catch_up(events)
 
     def _draft_alone(self, handle: SessionHandle, call) -> DraftProposal | None:
         try:
@@ -352,7 +377,13 @@ class SessionDriver(threading.Thread):
             raise failed if isinstance(failed, redis.RedisError) else redis.ConnectionError(str(failed))
 
     def _speculations(self) -> list[SpeculationState]:
-        states = (handle.session.speculation() for handle in self._handles.values())
+        """The speculations to step: every session's, but with draft_prefill "after_opening" a session in its
+        opening round waits for its verdict unless another session keeps the draft busy (then the verify worker
+        runs on its own cores anyway, and the prefill costs nobody a core)."""
+        sessions = [handle.session for handle in self._handles.values()]
+        if self.prefill_after_opening and not any(s.keeps_the_draft_busy and not s.in_opening for s in sessions):
+            sessions = [session for session in sessions if not session.in_opening]
+        states = (session.speculation() for session in sessions)
         return [state for state in states if state is not None and not state.done]
 
     def _speculation_pending(self) -> bool:

@@ -65,7 +65,8 @@ class DraftRuntime:
     def __post_init__(self) -> None:
         self.driver = SessionDriver(client=self.client, worker_id=self.worker_id,
                                     verdict_timeout_s=self.settings.worker.verdict_timeout_s,
-                                    blocks_ahead=self.settings.worker.blocks_ahead)
+                                    blocks_ahead=self.settings.worker.blocks_ahead,
+                                    prefill_after_opening=self.settings.speculative.draft_prefill == "after_opening")
         self.driver.start()
         if self.draft_source.stepwise:
             self.plain_opening_tokens = self.settings.speculative.plain_opening_tokens

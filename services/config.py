@@ -59,6 +59,13 @@ class SpeculativeSettings(BaseModel):
                                       "prompt (and all that follows): a long prompt costs it N tokens of "
                                       "prefill and shorter attention; prompt lookup still reads it all; 0 = "
                                       "the whole prompt")
+    draft_prefill: Literal["overlap", "after_opening"] = Field(
+        "overlap", description="when a remote model draft prefills a new session: overlap, while the target "
+        "prefills its opening round (free where the draft has hardware of its own); after_opening, after the "
+        "opening's verdict unless the draft worker is drafting for other sessions then, with the verify worker "
+        "decoding the session target-only (bridging) until its first drafted block comes: where the two share "
+        "cores the opening's prefill gets all of them (worker.wide_threads). `mirror-sd up` sets it with "
+        "wide threads")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "SpeculativeSettings":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-from services.config import CrashedDraft
+from services.config import CrashedDraft, SpeculativeSettings
 from services.gateways import GatewayGroup
 from services.link.child import link_child, wait_listening
 from services.link.spec import LinkSpec
@@ -202,6 +202,15 @@ def verify_worker_threads(cores: int, *, model_draft: bool, local: bool, pin: bo
     return threads, cores if wide else None
 
 
+def draft_prefill_env(wide_threads: int | None, speculative: SpeculativeSettings) -> dict[str, str]:
+    """The children's environment for speculative.draft_prefill: a verify worker that borrows the draft worker's
+    core (wide_threads) gets it for a lone session's opening too, the draft prefilling after the opening's
+    verdict ("after_opening"); unless the setting was given."""
+    if wide_threads is None or "draft_prefill" in speculative.model_fields_set:
+        return {}
+    return {"MIRROR_SD_SPECULATIVE__DRAFT_PREFILL": "after_opening"}
+
+
 def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | None = None,
                 ready_timeout_s: float = 180.0, log_dir: Path | None = None,
                 pin: bool = False, verify_pools: list[VerifyPool] | None = None,
@@ -236,8 +245,9 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
     verify_threads, wide_threads = verify_worker_threads(cores, model_draft=model_draft, local=local, pin=pin,
                                                          pools=bool(verify_pools), device=get_settings().device)
     commands = child_commands(port=port, verify_threads=verify_threads, draft_threads=1)
-    if wide_threads is not None:
+    if wide_threads is not None:  # the draft worker's core is the verify worker's while no session keeps it busy
         commands["verify-worker"] = [*commands["verify-worker"], "--wide-threads", str(wide_threads)]
+        child_env.update(draft_prefill_env(wide_threads, get_settings().speculative))
     if local:
         del commands["draft-worker"]
         commands["verify-worker"] = [*commands["verify-worker"], "--draft-placement", "local"]

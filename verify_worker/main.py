@@ -85,6 +85,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         local=local,
         recorder=recorder,
         wide_threads=settings.worker.wide_threads,
+        draft_after_opening=settings.speculative.draft_prefill == "after_opening",
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,7 @@ from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
 from services.link.meter import smoothed
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
-from services.speculative.bridging import fast_forward
+from services.speculative.bridging import bridges, fast_forward
 from services.speculative.chaining import chain_holds
 from services.speculative.stats import SpecDecodingStats
 
@@ -50,6 +50,9 @@ class VerifySession:
     # Bridging (services/speculative/bridging.py): whether the session may, and (round, committed tokens) where
     # its bridge began (None: not bridging); each bridged round commits one token
     may_bridge: bool = False
+    # draft_prefill "after_opening": its draft prefills after the opening's verdict, not during it (the opening does
+    # not keep the draft busy), and the session bridges (where it may) from that verdict to its first drafted block
+    draft_after_opening: bool = False
     bridge_from: tuple[int, int] | None = None
     num_bridged: int = 0  # rounds bridged before the block in hand (its verdict says so)
     # seconds from a verdict to the next block's arrival, smoothed, after a block accepted whole (its chained
@@ -88,7 +91,7 @@ class VerifySession:
         if self.local is not None or self.spec.route != "sd" or self.target.finished:
             return False
         block = self.block
-        return block is None or bool(block.draft_ids) or block.round == 0
+        return block is None or bool(block.draft_ids) or (block.round == 0 and not self.draft_after_opening)
 
     @property
     def autonomous(self) -> bool:
@@ -196,12 +199,14 @@ class VerifySession:
 
     def answered(self, verdict: Verdict) -> None:
         """The block in hand is done and `verdict` says what it committed; a session that may bridges until
-        the next block comes."""
+        the next block comes, and so does one whose draft prefills only now (after its opening)."""
+        opening = self.block is not None and self.block.round == 0 and not self.block.draft_ids
         self.last_block, self.last_verdict = self.block, verdict
         self.block = None
         self.num_bridged = 0
         self.last_verdict_at = time.monotonic()
-        if self.may_bridge and not verdict.finished and self.local is None:
+        after_opening = opening and self.draft_after_opening and bridges(self.spec.sampling, self.spec.route)
+        if (self.may_bridge or after_opening) and not verdict.finished and self.local is None:
             self.bridge_from = (self.round, self.target.num_committed)
 
 

@@ -86,6 +86,7 @@ class VerifyWorker:
         local: LocalDrafting | None = None,
         recorder: Recorder | None = None,
         wide_threads: int | None = None,
+        draft_after_opening: bool = False,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -104,6 +105,8 @@ class VerifyWorker:
         self.threads = torch.get_num_threads()
         self.wide_threads = wide_threads if local is None else None  # co-located drafting has every core already
         self.wide_min_tokens = WIDE_MIN_TOKENS
+        # speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round
+        self.draft_after_opening = draft_after_opening and local is None
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
         self._step_s: float | None = None  # smoothed step time: no bridged round starts with a block due in one
@@ -388,6 +391,7 @@ class VerifyWorker:
         outcome = resume_block(self.engine, spec, events, block, reuse=self.sessions.reuse_prefix)
         if isinstance(outcome, VerifySession):
             outcome.may_bridge = self.scheduler.bridge and bridges(spec.sampling, spec.route)
+            outcome.draft_after_opening = self.draft_after_opening
             self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
         elif outcome is not None:  # a stale block: answered, and a session held here is left as it is
             resyncs.append(CommitItem.verdict_only(block, outcome))

@@ -92,22 +92,42 @@ class SpeculationState:
 WARM_UP_TOKENS = 64  # draft prefill per driver turn: a cold session's prompt never holds verdicts up for long
 
 
+def cold_by_engine(items: Sequence[tuple[Drafter, Sequence[int]]]) -> tuple[list[int], list]:
+    """Of (drafter, context) pairs: the indexes of those whose KV holds their context (or that need none), and
+    the others as (draft engine, [(KV-holding drafter, context), ...]) groups, one per engine."""
+    warm, cold = [], {}
+    for index, (drafter, context) in enumerate(items):
+        holder = getattr(drafter, "model", drafter)  # a hybrid's model half holds the KV
+        engine = getattr(holder, "draft_engine", None)
+        if engine is None or holder.missing(context) == 0:
+            warm.append(index)
+        else:
+            cold.setdefault(id(engine), (engine, []))[1].append((holder, context))
+    return warm, list(cold.values())
+
+
 def warm_up(states: list[SpeculationState], budget: int = WARM_UP_TOKENS) -> list[SpeculationState]:
     """The states ready to speculate: those whose model draft already holds their context (or that need no
     KV). Cold ones (a new session's prompt) get up to `budget` of their missing tokens prefilled this turn,
     batched per draft engine, and speculate once warm: a burst of new sessions prefills a piece per turn
     between verdicts instead of all at once inside one speculation step."""
-    ready, cold = [], {}
-    for state in states:
-        drafter = getattr(state.drafter, "model", state.drafter)  # a hybrid's model half holds the KV
-        engine = getattr(drafter, "draft_engine", None)
-        if engine is None or drafter.missing(state.context) == 0:
-            ready.append(state)
-        else:
-            cold.setdefault(id(engine), (engine, []))[1].append((drafter, state.context))
-    for engine, items in cold.values():
+    warm, cold = cold_by_engine([(state.drafter, state.context) for state in states])
+    for engine, items in cold:
         engine.prefill_many(items, budget)
-    return ready
+    return [states[index] for index in warm]
+
+
+def prefill(items: Sequence[tuple[Drafter, Sequence[int]]]) -> None:
+    """All that the drafters' KV lacks of their contexts, batched per draft engine, a chunk per forward."""
+    left = None
+    while True:
+        _, cold = cold_by_engine(items)
+        missing = sum(holder.missing(context) for _, group in cold for holder, context in group)
+        if not missing or (left is not None and missing >= left):  # done, or no forward gets further
+            return
+        left = missing
+        for engine, group in cold:
+            engine.prefill_many(group, missing)
 
 
 def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> None:
@@ -193,6 +213,7 @@ class DraftTiming:
     speculation_hits: int = 0
     chained_rounds: int = 0  # rounds whose block was verified ahead of its parent's verdict reaching the draft
     chains_broken: int = 0  # verdicts that dropped the blocks sent after theirs
+    caught_up_rounds: int = 0  # rounds bridged while the draft prefilled, taken from the stream before drafting
 
     def as_fields(self) -> dict[str, float]:
         return {
@@ -203,4 +224,5 @@ class DraftTiming:
             "speculation_hits": float(self.speculation_hits),
             "chained_rounds": float(self.chained_rounds),
             "chains_broken": float(self.chains_broken),
+            "caught_up_rounds": float(self.caught_up_rounds),
         }

@@ -156,6 +156,9 @@ class DraftSession:
         self._ready_ids: list[int] = []
         self._ready_probs: torch.Tensor | None = None
         self._bridged_hint = 0  # rounds the verify worker bridged before the last block drafted from a verdict
+        # its opening's verdict came with no block ready: its verify worker may decode it on its own until the next
+        # block comes (draft_prefill "after_opening"), and catch_up() can take those rounds before drafting it
+        self.catching_up = False
         # SessionSpec.opened: the gateway sent round 0 itself; its verdict comes on the request's own verdict list
         # (the draft worker moves it into its inbox: draft_worker/opening.py)
         self.awaits_opening = spec.opened and self.round == 0
@@ -220,6 +223,7 @@ class DraftSession:
     def next_block(self, proposal: DraftProposal | None = None, draft_s: float = 0.0) -> DraftBlock:
         """The next block: the speculated tokens ready for it, topped up with `proposal` (draft_call's)."""
         self.timing.draft_s += draft_s
+        self.catching_up = False
         length = self._block_length()
         ready_ids, ready_probs = self._ready_ids, self._ready_probs
         self._ready_ids, self._ready_probs = [], None
@@ -278,6 +282,21 @@ class DraftSession:
 
     def _tail(self) -> InFlight | None:
         return self.ahead[-1] if self.ahead else self.in_flight
+
+    @property
+    def in_opening(self) -> bool:
+        """Its opening round (target-only, while the draft may prefill) is out."""
+        return self.in_flight is not None and self.in_flight.block is self._opening_block
+
+    @property
+    def keeps_the_draft_busy(self) -> bool:
+        """The draft drafts for it now or at its next verdict (the draft-side twin of the verify worker's
+        VerifySession.keeps_a_draft_busy): a block with draft tokens out, one to draft, or the opening; not
+        target-only rounds after it, nor the plain route."""
+        if self.drafter is None:
+            return False
+        flight = self.in_flight
+        return flight is None or bool(flight.block.draft_ids) or flight.block is self._opening_block
 
     # --- pipelining -----------------------------------------------------------------------------
     def speculation(self) -> SpeculationState | None:
@@ -378,7 +397,30 @@ class DraftSession:
                 self.timing.hidden_s += hidden_seconds(speculation, flight.sent_wall, verdict.verify_finished_at)
         if not self._ready_ids:
             self._streams.pop(self.round, None)  # a dropped speculation used this round's stream: start it over
+        self.catching_up = flight.block is self._opening_block and not self._ready_ids
         return False
+
+    def catch_up(self, events: list[OutputEvent]) -> int:
+        """Take the rounds its verify worker committed on its own since the last verdict (bridging while this
+        draft prefilled), read from the request's stream, as committed: the next block is then drafted from
+        where the target is now instead of from a point the bridge has left behind. Only one-token rounds, in
+        order from this round on, none that finished (that verdict comes as usual). Returns the rounds taken."""
+        self.catching_up = False
+        if self.in_flight is not None or self.ahead or self._ready_ids:
+            return 0
+        taken = 0
+        for event in sorted(events, key=lambda event: event.seq):
+            if event.seq < self.round:
+                continue
+            if event.seq != self.round or event.finished or len(event.token_ids) != 1:
+                break
+            self.committed.extend(event.token_ids)
+            self.round += 1
+            self.num_output = event.num_output_tokens
+            self.stats = event.stats
+            taken += 1
+        self.timing.caught_up_rounds += taken
+        return taken
 
     def _follow_chain(self, flight: InFlight, verdict: Verdict, speculation) -> bool:
         """The verdict of a block with blocks sent after it: when the next one's assumption held, the verify

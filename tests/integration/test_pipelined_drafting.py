@@ -326,3 +326,78 @@ def test_a_verify_worker_that_bridges_while_blocks_cross_the_link_commits_target
         assert sampled == nearby
     finally:
         verify.close()
+
+
+def test_a_draft_that_prefills_after_the_opening_waits_for_its_verdict_unless_another_session_keeps_it_busy(
+        target, redis_url):
+    """speculative.draft_prefill "after_opening": alone, a session in its opening round is not prefilled (the
+    verify worker has every core for the opening's prefill); beside a session with a drafted block out (the verify
+    worker on its own cores then) it is, as with "overlap"."""
+    from draft_worker.runtime import drive_session
+
+    client = redis.Redis.from_url(redis_url)
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    runtime = draft_runtime(client, source, pipelined=True, draft_prefill="after_opening", plain_opening_tokens=0)
+    opened = SessionSpec(request_id="after-opening", prompt_ids=PROMPT, max_new_tokens=30, ignore_eos=True,
+                         opened=True)  # its round 0 is never verified here
+    drafted = SessionSpec(request_id="drafted-beside", prompt_ids=PROMPT[:9], max_new_tokens=30, ignore_eos=True)
+    threads = []
+
+    def start(spec: SessionSpec):
+        submit_spec(client, spec)
+        threads.append(threading.Thread(target=lambda: drive_session(runtime, spec.request_id), daemon=True))
+        threads[-1].start()
+        deadline = time.monotonic() + 30
+        while spec.request_id not in runtime.driver._handles:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return runtime.driver._handles[spec.request_id].session
+
+    try:
+        session = start(opened)
+        time.sleep(0.5)
+        assert session.in_opening and session.timing.speculations == 0
+        assert session.drafter.missing(PROMPT) == len(PROMPT) - 1  # nothing prefilled
+        start(drafted)  # its first block goes out drafted (plain_opening_tokens 0) and stays out
+        deadline = time.monotonic() + 30
+        while not (session.in_flight.speculating and session.in_flight.speculating.done):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert session.in_opening and session.drafter.missing(PROMPT) == 0
+        for spec in (opened, drafted):
+            client.set(cancel_key(spec.request_id), 1)
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive()
+    finally:
+        runtime.close()
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, None), (1.0, 5)])
+def test_a_draft_prefilled_after_the_opening_changes_nothing_in_the_output(target, redis_url, temperature, seed,
+                                                                           monkeypatch):
+    """Greedy: target-only decoding's tokens, the rounds after the opening bridged while the draft prefills (a
+    slow one here), which the draft then takes from the stream before drafting its first block. Seeded sampling
+    (which does not bridge): the tokens of "overlap"."""
+    prefill = driver_module.prefill
+    monkeypatch.setattr(driver_module, "prefill", lambda items: (time.sleep(0.15), prefill(items)))
+    client = redis.Redis.from_url(redis_url)
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    results, bridged = {}, {}
+    for mode in ("overlap", "after_opening"):
+        verify = VerifyThread(client, target, step_s=0.02, draft_after_opening=mode == "after_opening")
+        try:
+            results[mode] = drive(client, source, pipelined=True, request_id=f"{mode}-{temperature}",
+                                  max_new_tokens=40, temperature=temperature, seed=seed,
+                                  plain_opening_tokens=len(PROMPT), draft_prefill=mode)
+        finally:
+            verify.close()
+        bridged[mode] = verify.worker.figures.counters.bridged_rounds
+    (overlap, _, _), (after, summary, _) = results["overlap"], results["after_opening"]
+    assert after == overlap and bridged["overlap"] == 0
+    if seed is None:
+        assert after == reference(target, PROMPT, 40)
+        assert summary.stats.num_draft_tokens > 0 and bridged["after_opening"] > 0
+        assert summary.timing.caught_up_rounds > 0
+    else:
+        assert bridged["after_opening"] == 0 and summary.timing.caught_up_rounds == 0

@@ -380,3 +380,40 @@ def test_only_a_step_big_enough_to_gain_from_a_second_core_borrows_it(client, wi
     client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
                                                       draft_ids=[], num_rounds=3, reply_to=REPLY).encode())
     assert turn_until(wide, lambda: finished(client, "p")) == [2, 1, 1]  # the prompt, then one token a step
+
+
+def test_a_draft_prefilling_after_the_opening_leaves_the_opening_every_core_and_the_worker_bridges_until_its_block(
+        client, wide):
+    """speculative.draft_prefill "after_opening" (one box): the opening round's prefill is wide, the worker decodes
+    the session on its own while the draft prefills, and the first drafted block fast-forwards over those tokens;
+    after it the session waits for its blocks as usual (scheduler.bridge is off)."""
+    wide.draft_after_opening = True
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(wide, 20)
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
+    assert set(turn_until(wide, lambda: verdicts(client))) == {2}
+    session = wide.sessions.get("r")
+    assert session.bridging and session.keeps_a_draft_busy  # its draft prefills now, on the other core
+    start = len(wide.forward_threads)
+    bridge(client, wide, 3)
+    assert set(wide.forward_threads[start:]) == {1} and output_tokens(client, "r") == out[:4]
+    wide._admit([(block(1, len(PROMPT) + 1, out[1:7], block_id=2).encode(), False)])
+    turn_until(wide, lambda: len(verdicts(client)) == 2)
+    verdict = verdicts(client)[-1]
+    assert (verdict.num_bridged, verdict.num_accepted, verdict.committed_ids) == (3, 6, out[1:8])
+    assert not session.bridging and not session.has_work  # no bridge after a drafted block
+    # a seeded sampled session opens wide too (its draft defers alike) but never bridges
+    submit_spec(client, SessionSpec(request_id="s", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True,
+                                    sampling=SamplingParams(temperature=0.9, seed=3)))
+    wide.sessions.pop("r")
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="s", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], reply_to=REPLY).encode())
+    assert set(turn_until(wide, lambda: len(verdicts(client)) == 3)) == {2}
+    assert not wide.sessions.get("s").has_work
+
+
+def test_without_the_setting_an_opening_keeps_the_draft_busy_and_no_bridge_follows(client, wide):
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
+    assert set(turn_until(wide, lambda: verdicts(client))) == {1}
+    assert not wide.sessions.get("r").has_work

@@ -40,3 +40,46 @@ def test_checked_draft_tokens_count_as_drafted_and_accepted_in_no_target_call():
     stats.observe_checked(2, 1, ends_draft=True)  # a block answered at once
     assert (stats.num_target_calls, stats.num_drafts, stats.num_draft_tokens) == (1, 2, 7)
     assert stats.num_draft_tokens_per_pos == [3, 3, 1] and stats.num_accepted_tokens_per_pos == [3, 1, 0]
+
+
+def _opened_session():
+    """A draft session whose round 0 the gateway sent (its opening), answered with one token."""
+    from services.config import SpeculativeSettings
+    from services.engine.draft_session import DraftSession
+    from services.protocol import SessionSpec, Verdict
+
+    spec = SessionSpec(request_id="r", prompt_ids=[1, 2, 3], max_new_tokens=16, opened=True)
+    session = DraftSession(spec, [], drafter=None, speculative=SpeculativeSettings(block_policy="acceptance"),
+                           cost=None, reply_to="inbox", pipelined=True)
+    assert session.in_opening
+    session.on_verdict(Verdict(request_id="r", round=0, num_committed=4, num_draft_tokens=0, num_accepted=0,
+                               committed_ids=[10], num_rounds=1, worker_id="v",
+                               block_id=session.in_flight.block.block_id))
+    return session
+
+
+def _event(seq: int, token: int, finished: bool = False):
+    from services.protocol import OutputEvent
+
+    return OutputEvent(request_id="r", seq=seq, token_ids=[token], num_output_tokens=seq + 1, finished=finished,
+                       stats=SpecDecodingStats(num_emitted_tokens=seq + 1))
+
+
+def test_a_draft_catches_up_with_the_rounds_bridged_since_its_openings_verdict():
+    session = _opened_session()
+    assert session.catching_up and session.round == 1 and session.committed == [1, 2, 3, 10]
+    # the stream read back newest first: round 0 (known), three bridged rounds, then the end (its verdict comes)
+    events = [_event(4, 14, finished=True), _event(3, 13), _event(2, 12), _event(1, 11), _event(0, 10)]
+    assert session.catch_up(events) == 3
+    assert (session.round, session.committed, session.num_output) == (4, [1, 2, 3, 10, 11, 12, 13], 4)
+    assert session.stats.num_emitted_tokens == 4 and not session.catching_up
+    block = session.next_block()  # drafted from there: the verify worker finds its point on its bridge
+    assert (block.round, block.num_committed) == (4, 7)
+
+
+def test_a_draft_does_not_catch_up_over_a_gap_or_with_a_block_out():
+    session = _opened_session()
+    assert session.catch_up([_event(3, 13), _event(2, 12)]) == 0  # round 1 is older than what was read
+    assert session.round == 1 and session.committed == [1, 2, 3, 10]
+    session.sent(session.next_block(), b"", None)
+    assert session.catch_up([_event(1, 11)]) == 0 and session.round == 1

@@ -7,7 +7,8 @@ import pytest
 
 from gateway.fleet.workers import drafts_locally, opens_sessions
 from services.protocol import Heartbeat
-from services.stack import choose_placement, verify_worker_threads
+from services.config import SpeculativeSettings
+from services.stack import choose_placement, draft_prefill_env, verify_worker_threads
 
 
 def test_auto_drafts_in_the_verify_worker_only_when_no_core_is_left_for_a_draft_worker():
@@ -34,6 +35,14 @@ def test_the_verify_worker_borrows_the_draft_core_only_when_a_draft_worker_has_o
     assert threads(pools=True) == (1, None)  # several verify workers share the cores out
     assert threads(device="cuda") == (1, None)
     assert threads(cores=1) == (1, None)
+
+
+def test_a_verify_worker_that_borrows_the_draft_core_has_its_drafts_prefill_after_the_opening():
+    assert draft_prefill_env(2, SpeculativeSettings()) == {"MIRROR_SD_SPECULATIVE__DRAFT_PREFILL": "after_opening"}
+    assert draft_prefill_env(None, SpeculativeSettings()) == {}  # the draft has a core of its own, or none
+    assert draft_prefill_env(2, SpeculativeSettings(draft_prefill="overlap")) == {}  # given: kept
+    with pytest.raises(ValueError, match="draft_prefill"):
+        SpeculativeSettings(draft_prefill="later")
 
 
 def verify(worker_id: str, pool: str, local_draft: str = "") -> Heartbeat:
