@@ -259,11 +259,12 @@ class SessionDriver(threading.Thread):
 
     def _catch_up(self, handles: list[SessionHandle]) -> None:
         """Sessions whose draft prefills after their opening's verdict: the verify worker decoded them on its own
-        meanwhile (bridging). Their prompts are prefilled first (batched), then the rounds committed since are
+        meanwhile (bridging). The prompts of those that will draft (not target-only rounds at this load) are
+        prefilled first (batched), then the rounds committed since are
         read from their streams (one pipeline) and taken as committed: the first block is drafted from there,
         and is not answered unverified for a bridge that went past it."""
         prefill([(handle.session.drafter, handle.session.committed) for handle in handles
-                 if handle.session.drafter is not None])
+                 if handle.session.drafter is not None and handle.session.will_draft])
         with self.client.pipeline(transaction=False) as pipe:
             for handle in handles:
                 pipe.xrevrange(protocol.output_stream(handle.session.request_id), count=CATCH_UP_ROUNDS)
@@ -383,6 +384,9 @@ class SessionDriver(threading.Thread):
         sessions = [handle.session for handle in self._handles.values()]
         if self.prefill_after_opening and not any(s.keeps_the_draft_busy and not s.in_opening for s in sessions):
             sessions = [session for session in sessions if not session.in_opening]
+        for session in sessions:
+            if session.in_opening:  # no verdict has told it the load yet
+                session.observe_draft_sessions(len(self._handles))
         states = (session.speculation() for session in sessions)
         return [state for state in states if state is not None and not state.done]
 

@@ -289,6 +289,17 @@ class DraftSession:
         return self.in_flight is not None and self.in_flight.block is self._opening_block
 
     @property
+    def will_draft(self) -> bool:
+        """Its next block, drafted now, would carry draft tokens (not target-only rounds)."""
+        return self._block_length() > 0
+
+    def observe_draft_sessions(self, draft_sessions: int) -> None:
+        """The sessions its draft worker drives now: a burst that came after this session was created makes its
+        opening's speculation (and that prompt's draft prefill) cost what that load says, or not start."""
+        if self.sees_load:
+            self.controller.observe_load(self.controller.rows, draft_sessions)
+
+    @property
     def keeps_the_draft_busy(self) -> bool:
         """The draft drafts for it now or at its next verdict (the draft-side twin of the verify worker's
         VerifySession.keeps_a_draft_busy): a block with draft tokens out, one to draft, or the opening; not
