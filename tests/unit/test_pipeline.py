@@ -85,3 +85,30 @@ def test_a_non_stepwise_drafter_speculates_the_block_that_round_would_draft():
     guess = speculation.bonus_guess
     assert guess == 4
     assert speculation.draft_ids == drafter.propose([*context, guess], 4, SamplingParams(), None).token_ids
+
+
+def test_an_openings_speculation_judges_the_load_by_the_sessions_its_draft_worker_holds_when_it_starts():
+    """A session created first in a burst saw one draft session; by the time its opening's speculation starts the
+    driver holds sixteen, where this profile (one box's, measured) says plain: no speculation, so no draft
+    prefill for a session that will not draft."""
+    from services.engine.draft_session import DraftSession
+    from services.models.drafters import DraftSource
+    from services.protocol import SessionSpec
+    from services.speculative.cost_model import CostModel
+    from tests.conftest import build_tiny_llama
+
+    profile = {"verify_ms_1": 42.1, "verify_ms_3": 70.7, "verify_ms_5": 85.3, "verify_ms_9": 97.0,
+               "step_ms_16x1": 120.5, "step_ms_16x2": 169.3, "step_ms_16x3": 213.7, "step_ms_16x5": 308.6,
+               "step_ms_16x9": 496.7, "draft_step_ms_16": 110.8}
+    cost = CostModel.from_profile(profile, 8.6)
+    drafter = DraftSource("tiny", build_tiny_llama(1)).new_drafter()
+
+    def opened(name: str) -> DraftSession:
+        spec = SessionSpec(request_id=name, prompt_ids=[1, 2, 3, 4], max_new_tokens=48, opened=True)
+        return DraftSession(spec, [], drafter=drafter, speculative=SpeculativeSettings(prior_acceptance=0.9),
+                            cost=cost, reply_to="inbox", pipelined=True, draft_sessions=1)
+
+    alone, in_a_burst = opened("alone"), opened("burst")
+    assert alone.will_draft and alone.speculation() is not None
+    in_a_burst.observe_draft_sessions(16)
+    assert not in_a_burst.will_draft and in_a_burst.speculation() is None
