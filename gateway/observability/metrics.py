@@ -10,7 +10,7 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gateway.observability.live_stats import LiveStats
 from services.gateways import MULTIPROC_ENV
@@ -101,6 +101,20 @@ class GatewayMetrics:
                 self.num_accepted_tokens_per_pos.labels(str(position)).inc(accepted)
 
 
+STEP_COUNTERS = {  # a verify worker's heartbeat step_counters: (unit suffix, help)
+    "steps": ("", "Target steps a verify worker ran"),
+    "rows": ("", "Rows (sessions) over all its steps"),
+    "tokens": ("", "Tokens fed over all its steps (prefill chunks, blocks to verify, single tokens)"),
+    "forward_s": ("_seconds", "Time in the engine's forward"),
+    "step_s": ("_seconds", "Time in steps: the forward, preparing rows, the round math, commits"),
+    "bridged_rounds": ("", "Target-only rounds run for a session while its next block was on its way (bridging), "
+                       "counted when the block came"),
+    "blocks_bridged": ("", "Blocks that came after bridged rounds"),
+    "blocks_answered": ("", "Of those, blocks with nothing left to verify (answered at once)"),
+    "wide_steps": ("", "Steps run on worker.wide_threads (no draft worker drafting for any of its sessions)"),
+}
+
+
 class FleetCollector:
     """Worker readings and routing weights as of the last scrape (filled by the /metrics route)."""
 
@@ -162,6 +176,7 @@ class FleetCollector:
                 for arm, rate in arms.items():
                     turns.add_metric([beat.worker_id, str(load), arm], float(rate))
         yield turns
+        yield from self._step_counters()
         yield from self._draft_links()
         restarts = GaugeMetricFamily("mirror_sd:child_restarts", "Restarts of each `mirror-sd up` child process "
                                      "by its supervisor", labels=["child"])
@@ -174,6 +189,18 @@ class FleetCollector:
                 states.add_metric([child.name, state], 1.0 if child.state == state else 0.0)
         yield restarts
         yield states
+
+    def _step_counters(self):
+        """Verify workers' cumulative step counters (verify_worker/figures.py StepCounters), as Prometheus
+        counters: rate() of them gives steps, rows and tokens a second, bridging and the share of wide steps."""
+        for name, (unit, doc) in STEP_COUNTERS.items():
+            family = CounterMetricFamily(f"mirror_sd:verify_{name.removesuffix('_s')}{unit}", doc,
+                                         labels=["worker", "pool"])
+            for beat in self.beats:
+                value = beat.step_counters.get(name) if beat.role == "verify" else None
+                if value is not None:
+                    family.add_metric([beat.worker_id, beat.pool], float(value))
+            yield family
 
     def _draft_links(self):
         """Draft workers' link figures (services/link/meter.py), in seconds: Redis RTT, the driver's round trips

@@ -205,3 +205,21 @@ def test_metrics_export_a_draft_workers_link_figures_in_seconds():
     assert 'mirror_sd:draft_transport_seconds{pool="cpu",quantile="0.5",worker="draft-cpu"} 0.041' in text
     assert 'quantile="0.99",worker="draft-cpu"} ' not in text.split("mirror_sd:draft_transport_seconds")[-1]
     assert "verify-0" not in "".join(line for line in text.splitlines() if line.startswith("mirror_sd:draft_"))
+
+
+def test_metrics_export_a_verify_workers_step_counters_bridging_included():
+    from prometheus_client import generate_latest
+
+    from gateway.observability.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    counters = {"steps": 40, "rows": 90, "tokens": 700, "forward_s": 3.5, "step_s": 3.75, "bridged_rounds": 12,
+                "blocks_bridged": 3, "blocks_answered": 1, "wide_steps": 9}
+    metrics.fleet.beats = [Heartbeat(worker_id="verify-0", role="verify", pool="cpu", step_counters=counters),
+                           Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu")]
+    text = generate_latest(metrics.registry).decode()
+    assert 'mirror_sd:verify_bridged_rounds_total{pool="cpu",worker="verify-0"} 12.0' in text
+    assert 'mirror_sd:verify_wide_steps_total{pool="cpu",worker="verify-0"} 9.0' in text
+    assert 'mirror_sd:verify_forward_seconds_total{pool="cpu",worker="verify-0"} 3.5' in text
+    assert "# TYPE mirror_sd:verify_steps_total counter" in text
+    assert "draft-cpu" not in "".join(line for line in text.splitlines() if line.startswith("mirror_sd:verify_"))
