@@ -189,17 +189,22 @@ def test_a_speculation_says_when_its_drafting_ended_not_when_it_was_read():
     assert speculation.finished_at <= drafted
 
 
-def test_metrics_export_a_draft_workers_link_figures_in_seconds():
+def exported(beats: list[Heartbeat]) -> str:
+    """The gateway's /metrics text with `beats` as the fleet's last heartbeats."""
     from prometheus_client import generate_latest
 
     from gateway.observability.metrics import GatewayMetrics
 
     metrics = GatewayMetrics()
+    metrics.fleet.beats = beats
+    return generate_latest(metrics.registry).decode()
+
+
+def test_metrics_export_a_draft_workers_link_figures_in_seconds():
     figures = LinkFigures(redis_rtt_ms=20.0, round_trip_ms_p50=90.0, round_trip_ms_p99=120.0, transport_ms_p50=41.0,
                           rounds=3, window=3)
-    metrics.fleet.beats = [Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu", link=figures),
-                           Heartbeat(worker_id="verify-0", role="verify", pool="cpu")]
-    text = generate_latest(metrics.registry).decode()
+    text = exported([Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu", link=figures),
+                     Heartbeat(worker_id="verify-0", role="verify", pool="cpu")])
     assert 'mirror_sd:draft_redis_rtt_seconds{pool="cpu",worker="draft-cpu"} 0.02' in text
     assert 'mirror_sd:draft_round_trip_seconds{pool="cpu",quantile="0.99",worker="draft-cpu"} 0.12' in text
     assert 'mirror_sd:draft_transport_seconds{pool="cpu",quantile="0.5",worker="draft-cpu"} 0.041' in text
@@ -208,16 +213,10 @@ def test_metrics_export_a_draft_workers_link_figures_in_seconds():
 
 
 def test_metrics_export_a_verify_workers_step_counters_bridging_included():
-    from prometheus_client import generate_latest
-
-    from gateway.observability.metrics import GatewayMetrics
-
-    metrics = GatewayMetrics()
     counters = {"steps": 40, "rows": 90, "tokens": 700, "forward_s": 3.5, "step_s": 3.75, "bridged_rounds": 12,
                 "blocks_bridged": 3, "blocks_answered": 1, "wide_steps": 9}
-    metrics.fleet.beats = [Heartbeat(worker_id="verify-0", role="verify", pool="cpu", step_counters=counters),
-                           Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu")]
-    text = generate_latest(metrics.registry).decode()
+    text = exported([Heartbeat(worker_id="verify-0", role="verify", pool="cpu", step_counters=counters),
+                     Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu")])
     assert 'mirror_sd:verify_bridged_rounds_total{pool="cpu",worker="verify-0"} 12.0' in text
     assert 'mirror_sd:verify_wide_steps_total{pool="cpu",worker="verify-0"} 9.0' in text
     assert 'mirror_sd:verify_forward_seconds_total{pool="cpu",worker="verify-0"} 3.5' in text
