@@ -69,7 +69,7 @@ FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its ver
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
 UNTAKEN_AFTER_S = 2.0
 IDLE_WAIT_S = 0.5
-CATCH_UP_ROUNDS = 64  # stream entries read back for a session that was bridged while its draft prefilled
+MAX_CATCH_UP_ROUNDS = 1024  # stream entries read back at most for a session bridged while its draft prefilled
 
 
 class SessionFailed(RuntimeError):
@@ -266,8 +266,10 @@ class SessionDriver(threading.Thread):
         prefill([(handle.session.drafter, handle.session.committed) for handle in handles
                  if handle.session.drafter is not None and handle.session.will_draft])
         with self.client.pipeline(transaction=False) as pipe:
-            for handle in handles:
-                pipe.xrevrange(protocol.output_stream(handle.session.request_id), count=CATCH_UP_ROUNDS)
+            for handle in handles:  # one token a bridged round: no more rounds than tokens left to the request
+                left = handle.session.spec.max_new_tokens - handle.session.num_output
+                pipe.xrevrange(protocol.output_stream(handle.session.request_id),
+                               count=max(1, min(MAX_CATCH_UP_ROUNDS, left)))
             replies = self._execute(pipe)
         for handle, entries in zip(handles, replies):
             try:
