@@ -57,7 +57,7 @@ from services.link.meter import LinkMeter, smoothed
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
-from services.redis_client import RoundCommitter
+from services.redis_client import RoundCommitter, decode_all
 from services.speculative.chaining import blocks_ahead
 
 logger = logging.getLogger(__name__)
@@ -271,14 +271,9 @@ class SessionDriver(threading.Thread):
                 pipe.xrevrange(protocol.output_stream(handle.session.request_id),
                                count=max(1, min(MAX_CATCH_UP_ROUNDS, left)))
             replies = self._execute(pipe)
-        for handle, entries in zip(handles, replies):
-            try:
-                events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-            except (ProtocolError, KeyError) as exc:
-                logger.warning("request %s: an unreadable output event (%s): drafted from its verdict",
-                               handle.session.request_id, exc, extra={"request_id": handle.session.request_id})
-                events = []
-            handle.session.catch_up(events)
+        for handle, entries in zip(handles, replies):  # a bad entry is skipped: catch_up stops at the gap
+            handle.session.catch_up(decode_all(OutputEvent, [fields.get(b"m") for _, fields in entries],
+                                               "output event"))
 
     def _draft_alone(self, handle: SessionHandle, call) -> DraftProposal | None:
         try:
