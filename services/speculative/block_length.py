@@ -93,12 +93,23 @@ class BlockLengthController:
         if self.cost is None:
             return self._gamma
         best = self._best_for_cost()[0]  # at the current load: 0 when plain batched decoding yields more
-        if best == 0 and self.rows <= 1.0 and self._best_for_cost(rows=1.0)[0] == 0:
+        if best == 0 and self.alone and self._best_for_cost(rows=1.0)[0] == 0:
             # Not worth drafting even for a lone stream, by the acceptance so far: keep probing at the shortest
             # block (cheap when alone; under load a probe would lengthen everyone's step) until the window is
             # long enough for update() to decide on a fallback.
             return self.config.min_draft_tokens
         return best
+
+    @property
+    def load(self) -> float:
+        """The load the next block meets: the target step's rows, and at least the draft worker's sessions
+        (while drafting starves the verify worker, its steps run short of rows, and an opening's last prefill
+        chunk may run alone: the rows seen would make drafting look cheaper than it is)."""
+        return max(self.rows, self.draft_sessions or 1.0)
+
+    @property
+    def alone(self) -> bool:
+        return self.load <= 1.0
 
     @property
     def num_plain_rounds(self) -> int:
@@ -126,11 +137,7 @@ class BlockLengthController:
             alpha = self.prior
         candidates = range(self.config.min_draft_tokens, self.config.max_draft_tokens + 1)
         if rows is None:
-            # The current load: the target step's rows and the draft worker's sessions. The step is taken to
-            # hold at least the draft worker's sessions: while drafting starves the verify worker, its steps
-            # run short of rows, and the rows seen would make drafting look cheaper than it is.
-            load = max(self.rows, self.draft_sessions or 1.0)
-            return best_block_length(alpha, self.cost, candidates, load, self.draft_sessions)
+            return best_block_length(alpha, self.cost, candidates, self.load, self.draft_sessions)
         return best_block_length(alpha, self.cost, candidates, rows)  # a what-if at `rows` alike
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:

@@ -98,6 +98,10 @@ def test_a_prior_that_says_drafting_does_not_pay_starts_plain_unless_exploring()
     assert not explorer.fallen_back and explorer.num_draft_tokens == config.min_draft_tokens  # probes alone
     explorer.observe_load(16)
     assert explorer.num_draft_tokens == 0  # but never under load, where a probe slows every row
+    explorer.observe_load(1, draft_sessions=16)  # a step of one row (an opening's last chunk), a busy draft
+    assert explorer.num_draft_tokens == 0  # nor for a remote draft shared by 16 (the probe's prefill is its)
+    explorer.observe_load(1, draft_sessions=1)
+    assert explorer.num_draft_tokens == config.min_draft_tokens
     assert not BlockLengthController(config, cost=LOADED, prior=0.9, explore=False).fallen_back
 
 
