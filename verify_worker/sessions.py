@@ -94,6 +94,13 @@ class VerifySession:
         return block is None or bool(block.draft_ids) or (block.round == 0 and not self.draft_after_opening)
 
     @property
+    def awaits_draft_call(self) -> bool:
+        """Waiting for the block after target-only rounds (its opening, or rounds the load asked for): whether
+        the draft drafts that block is its call at this load (verify_worker/draft_word.py)."""
+        last = self.last_block
+        return self.block is None and last is not None and not last.draft_ids
+
+    @property
     def autonomous(self) -> bool:
         """Running target-only rounds on its own: the rest of its block's, or a bridge's."""
         return self.has_work and (self.first_round_done or self.block is None)

@@ -50,6 +50,7 @@ from services.redis_client import REQUEST_TTL_S, write_heartbeat
 from services.speculative.bridging import bridges
 from services.speculative.chaining import chain_holds, followed
 from verify_worker.commits import StreamCommits
+from verify_worker.draft_word import DraftWord
 from verify_worker.figures import WorkerFigures
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
@@ -107,6 +108,7 @@ class VerifyWorker:
         self.wide_min_tokens = WIDE_MIN_TOKENS
         # speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round
         self.draft_after_opening = draft_after_opening and local is None
+        self.draft_word = DraftWord()  # the remote draft's last word on the load (verify_worker/draft_word.py)
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
         self._step_s: float | None = None  # smoothed step time: no bridged round starts with a block due in one
@@ -240,8 +242,10 @@ class VerifyWorker:
                     pipe.rpush(block.reply_to, BlockTaken(block.request_id, block.round, self.worker_id).encode())
                 pipe.execute()
         rebuild, chained = [], []
+        held = self._speculative_sessions() if self.wide_threads is not None else 0
         for block in blocks:
             self.num_blocks += 1
+            self.draft_word.heard(block, held)
             if block.release:
                 self.sessions.pop(block.request_id, retire=True)
                 continue
@@ -442,15 +446,34 @@ class VerifyWorker:
     def _set_threads(self, num_tokens: int) -> bool:
         """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,
         many rows) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
-        draft fallen back: on one box the draft worker's core is idle then), else `threads`, so that the two
+        draft fallen back, a wait on a draft whose last word at this load was target-only rounds: on one box the
+        draft worker's core is idle then), else `threads`, so that the two
         never contend for a core (torch's threads wait on each other: one sharing its core with a busy process
         slows the whole step several-fold). True: this step is wide."""
         wide = self.wide_threads is not None and self.wide_threads != self.threads and \
-            num_tokens >= self.wide_min_tokens and not any(s.keeps_a_draft_busy for s in self.sessions)
+            num_tokens >= self.wide_min_tokens and not self._draft_busy()
         wanted = self.wide_threads if wide else self.threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
         return wide
+
+    def _speculative_sessions(self) -> int:
+        return sum(1 for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished)
+
+    def _draft_busy(self) -> bool:
+        """A draft worker drafts for a session held here, or is about to: a waiting session's draft is taken to
+        send target-only rounds when its last word at this load said so (verify_worker/draft_word.py)."""
+        waits_idle = None
+        for session in self.sessions:
+            if not session.keeps_a_draft_busy:
+                continue
+            if session.awaits_draft_call:
+                if waits_idle is None:
+                    waits_idle = self.draft_word.goes_plain(self._speculative_sessions())
+                if waits_idle:
+                    continue
+            return True
+        return False
 
     def _fit_kv_budget(self, planned: list[tuple[VerifySession, int | None]]) -> list[tuple[VerifySession, int | None]]:
         """Drop rows whose KV growth does not fit the budget even after evicting idle sessions (they wait);

@@ -359,6 +359,8 @@ def test_a_step_borrows_the_draft_core_only_while_no_session_keeps_a_draft_busy(
     client.rpush(verify_pool_queue("cpu"), block(2, verdicts(client)[-1].num_committed, num_rounds=4).encode())
     assert turn_until(wide, lambda: len(verdicts(client)) == 3) == [2, 2, 2, 2]
     assert wide.figures.counters.wide_steps == 4 and wide.figures.heartbeat_fields()["step_counters"]["wide_steps"] == 4
+    client.rpush(verify_pool_queue("cpu"), block(6, verdicts(client)[-1].num_committed, [5]).encode())
+    assert set(turn_until(wide, lambda: len(verdicts(client)) == 4)) == {1}  # drafting again
     # the plain route beside it: narrow while "r" waits for the block its draft is drafting, wide once "r" is done
     submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True, route="ar"))
     client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
@@ -417,3 +419,34 @@ def test_without_the_setting_an_opening_keeps_the_draft_busy_and_no_bridge_follo
     client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
     assert set(turn_until(wide, lambda: verdicts(client))) == {1}
     assert not wide.sessions.get("r").has_work
+
+
+def test_a_wait_on_a_draft_whose_last_word_at_this_load_was_target_only_rounds_leaves_the_step_wide(client, wide):
+    """verify_worker/draft_word.py: after an opening, whether the draft prefills (busy) or sends target-only rounds
+    (idle) is its call at this load; once it said target-only rounds at this load, the next opener's wait runs
+    wide, and a drafted block makes waits count as busy again."""
+    wide.draft_after_opening = True
+    for request_id in ("r", "s"):
+        submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=24, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
+    turn_until(wide, lambda: verdicts(client))
+    r = wide.sessions.get("r")
+    assert r.awaits_draft_call and wide._draft_busy()  # nothing heard from the draft yet: it may be prefilling
+    # its draft's answer: target-only rounds (the load makes drafting lose)
+    wide._admit([(block(1, len(PROMPT) + 1, num_rounds=8, block_id=2).encode(), False)])
+    assert wide.draft_word.plain_at == 1 and not wide._draft_busy()
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="s", round=0, num_committed=len(PROMPT), draft_ids=[],
+                                                      reply_to=REPLY, block_id=1).encode())
+    turn_until(wide, lambda: any(v.request_id == "s" for v in verdicts(client)))
+    s = wide.sessions.get("s")
+    assert s.awaits_draft_call and s.bridging and s.keeps_a_draft_busy
+    start = len(wide.forward_threads)
+    turn_until(wide, lambda: len(read_events(client, "s")) >= 3)  # "s" bridges beside "r"'s target-only rounds
+    assert set(wide.forward_threads[start:]) == {2}
+    # the draft drafts after all: its block says so, and waits keep the draft busy again
+    wide._admit([(DraftBlock(request_id="s", round=1, num_committed=len(PROMPT) + 1, draft_ids=[1, 2],
+                             reply_to=REPLY, block_id=2).encode(), False)])
+    assert wide.draft_word.plain_at is None and wide._draft_busy()
+    # fewer sessions than when the draft last said target-only rounds: a wait keeps the draft busy
+    wide.draft_word.plain_at = 3
+    assert not wide.draft_word.goes_plain(wide._speculative_sessions())
