@@ -447,9 +447,9 @@ class VerifyWorker:
         """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,
         many rows) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
         draft fallen back, a wait on a draft whose last word at this load was target-only rounds: on one box the
-        draft worker's core is idle then), else `threads`, so that the two
-        never contend for a core (torch's threads wait on each other: one sharing its core with a busy process
-        slows the whole step several-fold). True: this step is wide."""
+        draft worker's core is idle then), else `threads`, so that the two never contend for a core (torch's
+        threads wait on each other: one sharing its core with a busy process slows the whole step several-fold).
+        True: this step is wide."""
         wide = self.wide_threads is not None and self.wide_threads != self.threads and \
             num_tokens >= self.wide_min_tokens and not self._draft_busy()
         wanted = self.wide_threads if wide else self.threads
