@@ -245,7 +245,9 @@ class VerifyWorker:
         held = self._speculative_sessions() if self.wide_threads is not None else 0
         for block in blocks:
             self.num_blocks += 1
-            self.draft_word.heard(block, held)
+            known = self.sessions.get(block.request_id)
+            if known is not None and known.spec.route == "sd":  # the plain route's rounds are no word on the load
+                self.draft_word.heard(block, held)
             if block.release:
                 self.sessions.pop(block.request_id, retire=True)
                 continue

@@ -440,6 +440,18 @@ def test_a_wait_on_a_draft_whose_last_word_at_this_load_was_target_only_rounds_l
     turn_until(wide, lambda: any(v.request_id == "s" for v in verdicts(client)))
     s = wide.sessions.get("s")
     assert s.awaits_draft_call and s.bridging and s.keeps_a_draft_busy
+    # a plain-route session's target-only rounds say nothing of the draft's load
+    wide.draft_word.plain_at = None
+    submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=24, ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT), draft_ids=[],
+                                                      reply_to=REPLY, block_id=1).encode())
+    turn_until(wide, lambda: any(v.request_id == "p" for v in verdicts(client)))
+    wide._admit([(DraftBlock(request_id="p", round=1, num_committed=len(PROMPT) + 1, draft_ids=[], num_rounds=8,
+                             reply_to=REPLY, block_id=2).encode(), False)])
+    assert wide.draft_word.plain_at is None
+    wide.sessions.pop("p")
+    wide._admit([(block(9, len(PROMPT) + 9, num_rounds=8, block_id=3).encode(), False)])  # "r" again: heard
+    assert wide.draft_word.plain_at is not None
     start = len(wide.forward_threads)
     turn_until(wide, lambda: len(read_events(client, "s")) >= 3)  # "s" bridges beside "r"'s target-only rounds
     assert set(wide.forward_threads[start:]) == {2}
