@@ -409,7 +409,7 @@ class VerifyWorker:
             (Candidate(key, session.spec.priority, session.target.num_pending_tokens,
                        session.target.num_uncached <= 1, session.arrived_at)
              for key, session in ready.items()),
-            max_rows=self.scheduler.max_batch_size, max_tokens=self.scheduler.max_batch_tokens)
+            max_rows=self.scheduler.max_batch_size, max_tokens=self._step_tokens())
         chosen = self._fit_kv_budget([(ready[row.key], row.token_budget) for row in planned])
         if not chosen:
             return 0
@@ -444,6 +444,13 @@ class VerifyWorker:
                                               if result is not None and running))
         self.sessions.evict_idle()
         return len(sessions)
+
+    def _step_tokens(self) -> int:
+        """The step's token budget: max_batch_tokens while a stream runs here (a longer step would hold up its
+        next token), the larger prefill_only_batch_tokens while every session held is still prefilling."""
+        if any(session.target.num_uncached <= 1 and not session.target.finished for session in self.sessions):
+            return self.scheduler.max_batch_tokens
+        return max(self.scheduler.max_batch_tokens, self.scheduler.prefill_only_batch_tokens)
 
     def _set_threads(self, num_tokens: int) -> bool:
         """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,

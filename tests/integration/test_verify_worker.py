@@ -114,10 +114,11 @@ def test_the_driver_sends_its_blocks_again_after_a_failed_push(client):
     assert len(output_tokens(client, "flaky")) == 20
 
 
-def greedy(worker, count: int) -> list[int]:
+def greedy(worker, count: int, prompt_ids: list[int] = PROMPT) -> list[int]:
     from services.engine import GenerationOptions, GenerationSession
 
-    session = GenerationSession(worker.target, None, PROMPT, GenerationOptions(max_new_tokens=count, ignore_eos=True))
+    session = GenerationSession(worker.target, None, prompt_ids, GenerationOptions(max_new_tokens=count,
+                                                                                   ignore_eos=True))
     while not session.finished:
         session.step()
     return list(session.output_ids)
@@ -462,3 +463,33 @@ def test_a_wait_on_a_draft_whose_last_word_at_this_load_was_target_only_rounds_l
     # fewer sessions than when the draft last said target-only rounds: a wait keeps the draft busy
     wide.draft_word.plain_at = 3
     assert not wide.draft_word.goes_plain(wide._speculative_sessions())
+
+
+def test_a_prompt_is_prefilled_in_one_step_while_no_stream_runs_and_in_budgeted_chunks_beside_one(client):
+    """scheduler.prefill_only_batch_tokens: chunking a prompt protects running streams' next tokens; with none
+    running here it only adds steps before the first token."""
+    worker = VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu",
+                          scheduler=SchedulerSettings(max_batch_tokens=8, prefill_only_batch_tokens=64))
+    forward, fed = worker.engine.forward, []
+    worker.engine.forward = lambda rows: fed.append([len(row.token_ids) for row in rows]) or forward(rows)
+    long_prompt, other = PROMPT * 4, PROMPT[::-1] * 4  # no common prefix to reuse
+    for request_id, prompt_ids in (("a", long_prompt), ("b", other)):
+        submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=prompt_ids, max_new_tokens=12,
+                                        ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="a", round=0, num_committed=len(long_prompt),
+                                                      draft_ids=[], num_rounds=12, reply_to=REPLY).encode())
+    while not read_events(client, "a"):
+        worker.turn(0.1)
+    assert fed == [[len(long_prompt)]]  # alone: the whole prompt in one step
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="b", round=0, num_committed=len(other),
+                                                      draft_ids=[], num_rounds=12, reply_to=REPLY).encode())
+    deadline = time.monotonic() + 30
+    while not (finished(client, "a") and finished(client, "b")):
+        assert time.monotonic() < deadline
+        worker.turn(0.1)
+    beside = [rows for rows in fed[1:] if len(rows) == 2]  # "a" streams one token a step, "b" prefills beside it
+    assert beside and all(sum(rows) <= 8 for rows in beside)
+    assert sum(rows[1] for rows in beside) >= len(other) - 8, fed  # b's prompt went in chunks
+    for request_id, prompt_ids in (("a", long_prompt), ("b", other)):
+        assert output_tokens(client, request_id) == greedy(worker, 12, prompt_ids)
+
