@@ -38,6 +38,7 @@ from services.config import CrashedDraft, SpeculativeSettings
 from services.gateways import GatewayGroup
 from services.link.child import link_child, wait_listening
 from services.link.spec import LinkSpec
+from services.startup import StartupDeadline, cpu_seconds
 from services.models.drafters.factory import FALLBACK_DRAFT, is_model_draft, resolve_draft_spec
 from services.pools import DECLARED_KIND, VerifyPool
 from services.protocol import CHILDREN_KEY, CHILDREN_TTL_S
@@ -129,9 +130,12 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_w
                stop: threading.Event | None = None, gateways: int = 1) -> None:
     """Ready = /readyz says so, every verify worker heartbeats (so every pool can take sessions) and every gateway
     shares the admission count. A child that dies meanwhile is restarted; one that keeps dying (marked failed)
-    ends the start-up, naming it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    ends the start-up, naming it; so does timeout_s without the children working (services/startup.py)."""
+    deadline = StartupDeadline(timeout_s, time.monotonic())
+    while True:
+        deadline.poll(time.monotonic(), cpu_seconds(supervisor.processes().values()))
+        if deadline.expired(time.monotonic()):
+            break
         if stop is not None and stop.is_set():
             raise RuntimeError("stopped during start-up")
         try:
@@ -148,7 +152,7 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_w
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"stack not ready after {timeout_s:.0f}s (see {base_url}/readyz)")
+    raise RuntimeError(f"stack not ready: no start-up work for {timeout_s:.0f}s (see {base_url}/readyz)")
 
 
 def stop_children(children: dict[str, subprocess.Popen], timeout_s: float = 15.0) -> None:
