@@ -133,7 +133,7 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float, verify_w
     ends the start-up, naming it; so does timeout_s without the children working (services/startup.py)."""
     deadline = StartupDeadline(timeout_s, time.monotonic())
     while True:
-        deadline.poll(time.monotonic(), cpu_seconds(supervisor.processes().values()))
+        deadline.poll(time.monotonic(), cpu_seconds(supervisor.processes.values()))
         if deadline.expired(time.monotonic()):
             break
         if stop is not None and stop.is_set():
