@@ -407,7 +407,7 @@ class VerifyWorker:
         ready = {session.request_id: session for session in self._ready()}
         planned = plan_step(
             (Candidate(key, session.spec.priority, session.target.num_pending_tokens,
-                       session.target.num_uncached <= 1, session.arrived_at)
+                       session.target.streaming, session.arrived_at)
              for key, session in ready.items()),
             max_rows=self.scheduler.max_batch_size, max_tokens=self._step_tokens())
         chosen = self._fit_kv_budget([(ready[row.key], row.token_budget) for row in planned])
@@ -417,7 +417,7 @@ class VerifyWorker:
         sessions = [session for session, _ in chosen]
         num_tokens = sum(s.target.num_pending_tokens if budget is None else min(budget, s.target.num_pending_tokens)
                          for s, budget in chosen)
-        streaming = [s.target.num_uncached <= 1 for s in sessions]  # running streams, not prompts being prefilled
+        streaming = [s.target.streaming for s in sessions]  # running streams, not prompts being prefilled
         wide = self._set_threads(num_tokens)
         try:
             forward_started = time.perf_counter()
@@ -448,7 +448,7 @@ class VerifyWorker:
     def _step_tokens(self) -> int:
         """The step's token budget: max_batch_tokens while a stream runs here (a longer step would hold up its
         next token), the larger prefill_only_batch_tokens while every session held is still prefilling."""
-        if any(session.target.num_uncached <= 1 and not session.target.finished for session in self.sessions):
+        if any(session.target.streaming and not session.target.finished for session in self.sessions):
             return self.scheduler.max_batch_tokens
         return max(self.scheduler.max_batch_tokens, self.scheduler.prefill_only_batch_tokens)
 

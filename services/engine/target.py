@@ -105,6 +105,11 @@ class TargetSession:
         return len(self.token_ids) - self.sequence.length
 
     @property
+    def streaming(self) -> bool:
+        """A running stream: its prompt is in the KV and only the last committed token is not."""
+        return self.num_uncached <= 1
+
+    @property
     def num_pending_tokens(self) -> int:
         """Tokens the next rows must feed before the draft block can be verified, block included."""
         return len(self.token_ids) - self.sequence.length + len(self._draft_ids)
