@@ -19,7 +19,6 @@ MIN_PARAMS (the tests' tiny ones) keep the transposed layout unmeasured.
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from services.models.engine import TorchEngine
 from services.models.loading import LoadedModel
+from services.models.linear_layout import restore_linears, transpose_linears
 from services.models.precision import apply_precision
 
 logger = logging.getLogger(__name__)
@@ -43,26 +43,42 @@ def faster_layout(timings: dict[str, dict[int, float]]) -> str:
     return min(sorted(totals, key=lambda layout: layout != "transposed"), key=totals.__getitem__)
 
 
+def _tied_head(model: nn.Module) -> bool:
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embeddings is not None and head.weight.data_ptr() == embeddings.weight.data_ptr()
+
+
 def measure_layouts(native: LoadedModel, repeats: int = 3) -> dict[str, dict[int, float]]:
-    """Ms of a forward of each LAYOUT_SIZES tokens (64 of context), native as loaded against a transposed
-    copy, the fastest of `repeats` passes that take turns between the two."""
+    """Ms of a forward of each LAYOUT_SIZES tokens (64 of context), native as loaded against transposed, the
+    fastest of `repeats` passes that take turns between the two.
+
+    One copy of the weights: the model is switched between the layouts in place, layer by layer (a transposed
+    copy beside it would hold a 1B fp32 model's 6 GB twice). The passes go native-transposed,
+    transposed-native, ..., so each costs one switch and neither layout always goes first. The model is
+    left native, its head tied again if it was."""
     from services.engine.profile import _prefilled, _time_step_once
 
-    transposed = LoadedModel(native.name, apply_precision(copy.deepcopy(native.model), "fp32", native.device,
-                                                          layout="transposed"),
-                             native.tokenizer, "fp32", native.device, "transposed")
-    engines = {"native": TorchEngine(native), "transposed": TorchEngine(transposed)}
-    sequences = {layout: _prefilled(engine, 1, 64) for layout, engine in engines.items()}
-    timings: dict[str, dict[int, list[float]]] = {layout: {n: [] for n in LAYOUT_SIZES} for layout in engines}
+    model = native.model
+    tied = _tied_head(model)
+    layouts = ("native", "transposed")
+    timings: dict[str, dict[int, list[float]]] = {layout: {n: [] for n in LAYOUT_SIZES} for layout in layouts}
     try:
-        for _ in range(repeats + 1):  # the first pass warms up
-            for layout, engine in engines.items():
-                for n in LAYOUT_SIZES:
-                    timings[layout][n].append(_time_step_once(engine, sequences[layout], n))
+        for index in range(repeats + 1):  # the first pass warms up
+            for layout in layouts if index % 2 == 0 else layouts[::-1]:
+                (transpose_linears if layout == "transposed" else restore_linears)(model)
+                engine = TorchEngine(native)  # an engine holds the layers it found: a new one after a switch
+                sequences = _prefilled(engine, 1, 64)
+                try:
+                    for n in LAYOUT_SIZES:
+                        timings[layout][n].append(_time_step_once(engine, sequences, n))
+                finally:
+                    for sequence in sequences:
+                        sequence.release()
+                del engine, sequences
     finally:
-        for held in sequences.values():
-            for sequence in held:
-                sequence.release()
+        restore_linears(model)
+        if tied:
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
     return {layout: {n: round(min(values[1:]), 3) for n, values in by_size.items()}
             for layout, by_size in timings.items()}
 

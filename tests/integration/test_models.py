@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,7 @@ from torch import nn
 from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatchError
 from services.models.drafters import load_draft_source
 from services.models.loading import check_same_tokenizer, load_model
-from services.models.linear_layout import TransposedLinear
+from services.models.linear_layout import TransposedLinear, restore_linears, transpose_linears
 from services.models.precision import Fp32Norm, apply_precision
 from tests.conftest import WORDS, build_tiny_llama, save_tiny_model
 
@@ -153,3 +155,39 @@ def test_transposed_layers_check_what_they_load():
         layer.load_state_dict({"weight": torch.ones(3, 4)})
     layer.load_state_dict({"weight": torch.arange(12.0).reshape(3, 4), "bias": torch.ones(3)})
     torch.testing.assert_close(layer(torch.eye(4)), torch.arange(12.0).reshape(3, 4).t() + 1)
+
+
+@pytest.mark.parametrize("direction", ["transpose", "restore"])
+def test_each_layer_is_freed_as_soon_as_its_replacement_is_in(direction, monkeypatch):
+    """Switching the layout never holds the model's weights twice: a 1B fp32 model would need 12 GB."""
+    from services.models import linear_layout
+
+    model = build_tiny_llama(0).model  # transposed, as loaded
+    if direction == "transpose":
+        restore_linears(model)
+    wanted = nn.Linear if direction == "transpose" else TransposedLinear
+    originals = [weakref.ref(module) for module in model.modules() if type(module) is wanted]
+    alive_at_each_conversion = []
+    convert = TransposedLinear if direction == "transpose" else TransposedLinear.to_linear
+
+    def counting(layer):
+        alive_at_each_conversion.append(sum(ref() is not None for ref in originals))
+        return convert(layer)
+
+    if direction == "transpose":
+        monkeypatch.setattr(linear_layout, "TransposedLinear", counting)
+        assert transpose_linears(model) == len(originals)
+    else:
+        monkeypatch.setattr(TransposedLinear, "to_linear", staticmethod(counting))
+        assert restore_linears(model) == len(originals)
+    assert alive_at_each_conversion == list(range(len(originals), 0, -1))
+    assert all(ref() is None for ref in originals)
+
+
+def test_a_layer_registered_twice_is_converted_once_and_stays_shared():
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    assert transpose_linears(model) == 1
+    assert isinstance(model[0], TransposedLinear) and model[0] is model[2]
+    assert restore_linears(model) == 1
+    assert type(model[0]) is nn.Linear and model[0] is model[2]

@@ -45,3 +45,35 @@ def test_a_measured_choice_is_cached_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setattr(layout_choice, "measure_layouts", lambda native: (_ for _ in ()).throw(AssertionError))
     assert resolve_layout(build_tiny_llama(0).model, loaded.name, None, precision="fp32", device=torch.device("cpu"),
                           layout="auto", cache_dir=tmp_path) == "native"
+
+
+def test_both_layouts_are_timed_on_the_one_model_which_is_left_native_and_still_tied(monkeypatch):
+    """No copy of the weights: a transposed copy beside the model would hold a 1B fp32 model's 6 GB twice."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from services.engine import profile
+    from services.models.linear_layout import TransposedLinear
+    from services.models.loading import LoadedModel
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    timed = []  # (the embeddings' object, the head's type) per timing, as the engine timing it holds them
+    time_step_once = profile._time_step_once
+
+    def noting(engine, sequences, num_tokens):
+        timed.append((id(engine.parts.embed), type(engine.parts.head).__name__))
+        return time_step_once(engine, sequences, num_tokens)
+
+    monkeypatch.setattr(profile, "_time_step_once", noting)
+    timings = layout_choice.measure_layouts(LoadedModel("t", model, None), repeats=2)
+
+    assert {embed for embed, _ in timed} == {id(model.model.embed_tokens)}  # a copy would hold other modules
+    assert sorted(head for _, head in timed) == ["Linear"] * 12 + ["TransposedLinear"] * 12  # 3 passes x 4 sizes
+    assert set(timings) == {"native", "transposed"} and all(set(t) == set(LAYOUT_SIZES) for t in timings.values())
+    assert not any(isinstance(module, TransposedLinear) for module in model.modules())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    after = model.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
