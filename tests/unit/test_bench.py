@@ -35,11 +35,11 @@ def test_select_per_group_and_category():
     assert len(select_prompts(prompts, limit=3)) == 3
 
 
-def fake_run(mode, prompt_id, group_chars, tokens, seconds, drafted=0, accepted=0):
+def fake_run(mode, prompt_id, group_chars, tokens, seconds, drafted=0, accepted=0, ttft=0.01):
     stats = SpecDecodingStats()
     if drafted:
         stats.observe(drafted, accepted)
-    result = GenerationResult("", tokens, 5, "length", stats, mode, 0.01, seconds)
+    result = GenerationResult("", tokens, 5, "length", stats, mode, ttft, seconds)
     return PromptRun(mode, BenchPrompt(prompt_id, "chat", "p", group_chars), result)
 
 
@@ -87,10 +87,13 @@ def test_peer_modes_default_to_the_documented_settings():
 def test_bound_and_cost_ratio_in_the_report():
     from services.speculative.bound import leviathan_speedup
 
-    ar = [fake_run("ar", "1", 0, list(range(8)), 8.0)]
-    sd = [fake_run("sd:x", "1", 0, list(range(8)), 4.0, 4, 2)]
-    sd[0].result.draft_s = 0.4  # 4 draft tokens: 100 ms each; ar: 1000 ms per token -> c = 0.1
+    # 9 tokens, the first after 1 s: ar decodes 8 more in 8 s (TPOT 1000 ms), sd in 4 s (TPOT 500 ms)
+    ar = [fake_run("ar", "1", 0, list(range(9)), 9.0, ttft=1.0)]
+    sd = [fake_run("sd:x", "1", 0, list(range(9)), 5.0, 4, 2, ttft=1.0)]
+    sd[0].result.draft_s = 0.4  # 4 draft tokens: 100 ms each; ar's TPOT 1000 ms -> c = 0.1
     row = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd})}[("sd:x", "all")]
+    assert row.tpot_ms == pytest.approx(500.0) and row.decode_speedup_vs_ar == pytest.approx(2.0)
+    assert row.speedup_vs_ar == pytest.approx(9.0 / 5.0)  # the request end to end, prefill included
     assert row.cost_ratio == pytest.approx(0.1)
     assert row.mean_block_length == 4
     # alpha solves alpha + ... + alpha^4 = 2 accepted per round; the bound then yields 3 tokens per round
@@ -105,6 +108,21 @@ def test_bound_and_cost_ratio_in_the_report():
     assert curved[("sd:x", "all")].measured_over_curve_bound == pytest.approx(2.0 / (30 / 19))
     overridden = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd}, {"sd:x": 0.0})}
     assert overridden[("sd:x", "all")].cost_ratio == 0.0
+
+
+def test_the_bound_is_held_to_decoding_not_to_a_long_prefill():
+    """A long prompt: 50 s of prefill, the same for both, then decoding twice as fast. The draft sped up what it
+    could (2x), though the request as a whole is only 1.07x faster."""
+    ar = [fake_run("ar", "1", 0, list(range(9)), 58.0, ttft=50.0)]
+    sd = [fake_run("sd:x", "1", 0, list(range(9)), 54.0, 4, 2, ttft=50.0)]
+    sd[0].result.draft_s = 0.4
+    row = {(r.mode, r.scope): r for r in build_report({"ar": ar, "sd:x": sd})}[("sd:x", "all")]
+    assert row.speedup_vs_ar == pytest.approx(58.0 / 54.0)
+    assert row.decode_speedup_vs_ar == pytest.approx(2.0)
+    assert row.cost_ratio == pytest.approx(0.1)  # 100 ms against ar's TPOT, not against 58 s / 9 tokens
+    assert row.measured_over_bound == pytest.approx(2.0 / (3 / 1.4))
+    table = to_markdown([row])
+    assert "| 1.07x | 500.0 | 2.00x |" in table
 
 
 def test_rouge_l_against_ar():
