@@ -183,6 +183,9 @@ class TelemetrySettings(BaseModel):
     rebalance_step: float = Field(0.10, ge=0.0, le=1.0)
     rejection_alert: float = Field(0.20, ge=0.0, le=1.0)
     latency_p99_ms: float = Field(200.0, gt=0)
+    latency_over_unloaded: float = Field(3.0, ge=1.0, description="a pool is degraded only while its p99 per-token "
+                                         "latency is also above this many times a worker's own 1-token forward "
+                                         "(its profile): load made it slow, not the model's size")
     acceptance_floor: float = Field(0.30, ge=0.0, le=1.0)
     min_drafted_for_acceptance: int = Field(50, ge=1, description="draft tokens seen before acceptance rules act")
     heartbeat_timeout_s: float = Field(3.0, gt=0)

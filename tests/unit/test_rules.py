@@ -64,6 +64,23 @@ def test_rejection_alert_latency_degrade_and_acceptance_fallback():
     assert evaluate(few, None, CONFIG, NOW)[0].ar_pools == []  # too little evidence yet
 
 
+def test_a_slow_model_is_not_degraded_by_its_size_only_by_its_load():
+    """A 1B target on a CPU takes ~300 ms a token unloaded: over the 200 ms budget, yet not degraded (capping its
+    blocks at 2 would make each token slower); at over 3x its own forward, the load made it slow: degraded."""
+    big = {"verify_ms_1": 300.0}
+    unloaded, _ = evaluate([beat("c", "cpu", latency_p99_ms=745.0, profile=big)], None, CONFIG, NOW)
+    assert unloaded.degraded_pools == []
+    loaded, _ = evaluate([beat("c", "cpu", latency_p99_ms=905.0, profile=big)], None, CONFIG, NOW)
+    assert loaded.degraded_pools == ["cpu"]
+    small = {"verify_ms_1": 30.0}  # the built-in 135M target: the 200 ms budget is what binds
+    assert evaluate([beat("c", "cpu", latency_p99_ms=190.0, profile=small)], None, CONFIG, NOW)[0].degraded_pools == []
+    assert evaluate([beat("c", "cpu", latency_p99_ms=210.0, profile=small)], None, CONFIG, NOW)[0].degraded_pools == \
+        ["cpu"]
+    strict = CONFIG.model_copy(update={"latency_over_unloaded": 1.0})
+    assert evaluate([beat("c", "cpu", latency_p99_ms=310.0, profile=big)], None, strict, NOW)[0].degraded_pools == \
+        ["cpu"]
+
+
 def test_missing_heartbeat_drops_the_worker():
     first, _ = evaluate([beat("g", "gpu"), beat("c", "cpu")], None, CONFIG, NOW)
     stale = [beat("g", "gpu", sent_at=NOW - 10), beat("c", "cpu", sent_at=NOW + 4)]
