@@ -1,3 +1,4 @@
+"""Peak RSS of loading random:llama-1b (cpu_weight_layout auto; a fresh MIRROR_SD_CACHE_DIR measures the layout profile)."""
 import resource, sys, time, torch
 torch.set_num_threads(2)
 from services.models.loading import load_model

@@ -1,9 +1,10 @@
-"""16 streams, sd route against plain, taking turns; CPU seconds of each worker per run."""
+"""C streams (argv 1), the sd route against the plain route of a stack on :8093, taking turns (argv 2 times each);
+CPU seconds of each stack process per run. Run from the repository root."""
 import sys, time, psutil
 from services.bench.load import run_level
 from services.bench.prompts import load_prompts, select_prompts
 from pathlib import Path
-prompts = select_prompts(load_prompts(Path("/work/main/data/dev_prompts.jsonl")), limit=32)
+prompts = select_prompts(load_prompts(Path("data/dev_prompts.jsonl")), limit=32)
 C = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 def workers():
     out = {}
