@@ -13,6 +13,7 @@ import redis
 from services.config import Settings
 from services.protocol import heartbeat_key
 from services.models.loading import load_model
+from services.models.precision import lossless_warning
 from services.redis_conn import connect
 from services.engine.profile import cached_draft_profile, cached_verify_profile
 from services.models.drafters.serving import load_serving_draft
@@ -63,6 +64,8 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
     worker_id = worker_id or settings.worker.worker_id or default_worker_id("verify")
     target = load_model(settings.target, precision=settings.target_precision, device=settings.device,
                         cache_dir=settings.cache_dir)
+    if (warning := lossless_warning(settings.target_precision)) is not None:
+        logger.warning(warning)
     client = connect(settings.redis_url)
     engine = TorchEngine(target, budget_bytes=settings.worker.kv_budget_mb * 1024 * 1024)
     profile = cached_verify_profile(engine, settings.cache_dir if settings.worker.profile_cache else None,

@@ -12,7 +12,7 @@ from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatc
 from services.models.drafters import load_draft_source
 from services.models.loading import check_same_tokenizer, load_model
 from services.models.linear_layout import TransposedLinear, restore_linears, transpose_linears
-from services.models.precision import Fp32Norm, apply_precision
+from services.models.precision import Fp32Norm, apply_precision, lossless_warning
 from tests.conftest import WORDS, build_tiny_llama, save_tiny_model
 
 
@@ -191,3 +191,10 @@ def test_a_layer_registered_twice_is_converted_once_and_stays_shared():
     assert isinstance(model[0], TransposedLinear) and model[0] is model[2]
     assert restore_linears(model) == 1
     assert type(model[0]) is nn.Linear and model[0] is model[2]
+
+
+def test_a_target_below_fp32_is_said_not_to_be_lossless_and_fp32_is_not():
+    assert lossless_warning("fp32") is None
+    for precision in ("bf16", "fp16", "int8"):
+        assert f"target at {precision}" in lossless_warning(precision)
+        assert "may differ from target-only decoding" in lossless_warning(precision)
