@@ -86,7 +86,7 @@ def apply_bound(row: Aggregate, target_ms_per_token: float | None, draft_ms_per_
     long prompt, is most of the request (a 2,000-token prompt to a 1B target on a CPU: 50 s of prefill
     before 64 tokens)."""
     gamma = row.mean_block_length
-    if not gamma or row.mean_acceptance_length is None or not target_ms_per_token or target_ms_per_token <= 0:
+    if not gamma or row.mean_acceptance_length is None or (target_ms_per_token or 0.0) <= 0:
         return
     row.cost_ratio = (draft_ms_per_token or 0.0) / target_ms_per_token
     mean_accepted = min(gamma, row.mean_acceptance_length - 1.0)
@@ -147,9 +147,8 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def to_markdown(rows: list[Aggregate]) -> str:
     columns = ["mode", "scope", "prompts", "tokens", "tok/s", "ms/token", "TTFT ms", "rounds", "acceptance",
-               "mean acc. len", "acc. per position", "speedup vs ar", "TPOT ms", "decode x ar", "c", "bound", "measured/bound", "curve bound",
-               "measured/curve bound", "ROUGE-L",
-               "mismatches"]
+               "mean acc. len", "acc. per position", "speedup vs ar", "TPOT ms", "decode x ar", "c", "bound",
+               "measured/bound", "curve bound", "measured/curve bound", "ROUGE-L", "mismatches"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         mode = f"{row.mode} (synthetic)" if row.synthetic else row.mode
