@@ -25,7 +25,9 @@ for all of them at once:
   round (services/speculative/chaining.py);
 - every CONTROL_EVERY_S: cancellations, failover (a block whose verify
   worker stopped heartbeating goes to the pool, and so does a block that
-  left the pool's queue without any worker saying it took it), and verdict
+  left the pool's queue without any worker saying it took it), a block
+  unanswered for RESEND_AFTER_S by a live worker sent to it again (a lost
+  message must not hold a request until its deadline), and verdict
   deadlines (the session ends with an error event in its stream). The
   look at every session's cancel and request keys rides in the pipeline of
   a turn's blocks; it takes a round trip of its own only when no block has
@@ -68,6 +70,11 @@ FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its ver
 # A block sent to the pool that no worker has said it took (BlockTaken) for this long, and that is no longer in the
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
 UNTAKEN_AFTER_S = 2.0
+# A block taken by a live verify worker and unanswered this long (then again each time as long) is sent to that
+# worker again: whatever dropped it, the copy is answered as any block is (a duplicate of the block in hand is
+# ignored, one whose rounds are committed gets a resync verdict, one the worker lost rebuilds its session from the
+# stream), so a resend can never commit twice, and a lost message costs seconds, not the verdict deadline.
+RESEND_AFTER_S = 5.0
 IDLE_WAIT_S = 0.5
 MAX_CATCH_UP_ROUNDS = 1024  # stream entries read back at most for a session bridged while its draft prefilled
 
@@ -114,6 +121,7 @@ class SessionDriver(threading.Thread):
         self._controlled = 0.0
         self._looked = 0.0
         self.num_verdicts = 0
+        self.num_resent = 0  # blocks sent again to a live verify worker that had not answered them
         self.num_turns = 0  # a driver with nothing to do waits on its inbox: this stays low while it does
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
@@ -432,11 +440,33 @@ class SessionDriver(threading.Thread):
             for handle, position in zip(untaken, replies[len(suspects):]):
                 if position is None:  # out of the queue, and no worker said it took it: its taker died
                     self._fail_over(handle)
+            self._resend_unanswered([h for h in waiting if h.session.in_flight is not None
+                                     and alive.get(h.session.in_flight.worker)], now)
         for handle in waiting:
             if handle.session.in_flight is not None and \
                     now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
                 self._fail(handle, f"no verify worker answered round {handle.session.round} of "
                            f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
+
+    def _resend_unanswered(self, handles: list[SessionHandle], now: float) -> None:
+        """Blocks at a live verify worker unanswered for RESEND_AFTER_S (and each time as long again): sent to it
+        once more, and said in the log, so that what lost the first copy can be found."""
+        due = [h for h in handles
+               if now - h.session.in_flight.sent_at > RESEND_AFTER_S * (h.session.in_flight.resent + 1)]
+        if not due:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle in due:
+                flight = handle.session.in_flight
+                flight.resent += 1
+                flight.measured = False  # its round trip holds the wait: not the link's
+                logger.warning("request %s: verify worker %s has not answered round %d in %.1fs while "
+                               "heartbeating; sending the block again (%d)", handle.session.request_id, flight.worker,
+                               flight.block.round, now - flight.sent_at, flight.resent,
+                               extra={"request_id": handle.session.request_id})
+                pipe.rpush(protocol.verify_worker_queue(flight.worker), flight.payload)
+            self._execute(pipe)
+        self.num_resent += len(due)
 
     def _fail_over(self, handle: SessionHandle) -> None:
         session = handle.session

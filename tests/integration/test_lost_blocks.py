@@ -11,7 +11,7 @@ import redis
 from draft_worker import driver as driver_module
 from draft_worker.driver import SessionFailed
 from services.models.drafters import DraftSource
-from services.protocol import SessionSpec, verify_pool_queue
+from services.protocol import DraftBlock, SessionSpec, verify_pool_queue
 from services.redis_client import read_events
 from tests.conftest import build_tiny_llama
 from tests.integration.fleet import VerifyThread, draft_runtime, output_tokens, reference, submit_spec
@@ -76,3 +76,60 @@ def test_a_session_no_verify_worker_answers_ends_its_stream_with_an_error(client
     assert events and events[-1].finished and events[-1].finish_reason == "error", events
     assert "no verify worker answered round 0" in events[-1].error
     assert client.llen(verify_pool_queue(spec.pool)) == 2  # the block, never sent twice, and its release
+
+
+def test_a_block_a_live_worker_dropped_is_sent_to_it_again_and_the_output_is_the_targets(client, target,
+                                                                                         monkeypatch):
+    """A verify worker that heartbeats but drops one block of a session it holds (a lost message, whatever lost
+    it): the draft driver sends that block to the same worker again after RESEND_AFTER_S, instead of waiting out
+    the verdict deadline; the worker answers the copy, and the output is the target's alone."""
+    monkeypatch.setattr(driver_module, "RESEND_AFTER_S", 0.5)
+    runtime = draft_runtime(client, DraftSource("tiny-draft", target))
+    runtime.driver.verdict_timeout_s = 20.0
+    spec = SessionSpec(request_id="dropped-once", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
+    submit_spec(client, spec)
+    worker = VerifyThread(client, target)
+    admit = worker.worker._admit
+    dropped: list[int] = []
+
+    def admit_but_drop_one(raws):
+        kept = []
+        for raw, pooled in raws:
+            block = DraftBlock.decode(raw)
+            if not dropped and block.round >= 2 and not block.release:
+                dropped.append(block.round)
+            else:
+                kept.append((raw, pooled))
+        admit(kept)
+
+    worker.worker._admit = admit_but_drop_one
+    try:
+        summary = runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+        worker.close()
+    assert len(dropped) == 1 and runtime.driver.num_resent >= 1
+    assert summary.finish_reason == "length" and summary.num_output_tokens == 20, summary
+    assert output_tokens(client, "dropped-once") == reference(target, PROMPT, 20)
+
+
+def test_a_resent_block_the_worker_still_holds_commits_nothing_twice(client, target, monkeypatch):
+    """Every block is sent again while its slow worker still verifies it (each step 0.4 s, resends every 0.1 s):
+    the copies are duplicates of the block in hand or of committed rounds, so the output is the target's alone,
+    each round in the stream once."""
+    monkeypatch.setattr(driver_module, "RESEND_AFTER_S", 0.1)
+    monkeypatch.setattr(driver_module, "FAILOVER_AFTER_S", 0.05)  # the heartbeat look that comes first
+    runtime = draft_runtime(client, DraftSource("tiny-draft", target))
+    spec = SessionSpec(request_id="resent-often", prompt_ids=PROMPT, max_new_tokens=12, ignore_eos=True)
+    submit_spec(client, spec)
+    worker = VerifyThread(client, target, step_s=0.4)
+    try:
+        summary = runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+        worker.close()
+    assert runtime.driver.num_resent >= 2
+    assert summary.num_output_tokens == 12, summary
+    events = read_events(client, "resent-often")
+    assert [event.seq for event in events] == list(range(len(events)))
+    assert output_tokens(client, "resent-often") == reference(target, PROMPT, 12)

@@ -140,6 +140,7 @@ def test_eight_concurrent_requests_are_all_correct(stack, client, reference, dev
     with ThreadPoolExecutor(max_workers=8) as pool:
         bodies = list(pool.map(ask, prompts))
     for prompt, body in zip(prompts, bodies):
+        assert "choices" in body, body
         assert body["choices"][0]["token_ids"] == reference(prompt, chat=True, max_tokens=16)
 
 
