@@ -54,6 +54,10 @@ class DecoderParts:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    # attention's arithmetic when not the activations' dtype: float64 for int8 targets, whose every other op
+    # gives a token the same bits whatever else a forward carries (services/models/int8_linear.py); scores
+    # and sums in double round to the same fp32 however a call groups its queries and keys
+    attention_dtype: torch.dtype | None = None
 
     def kv_shape(self, dtype: torch.dtype, device: torch.device) -> KVShape:
         return KVShape(len(self.layers), self.num_kv_heads, self.head_dim, dtype, device)
@@ -114,18 +118,23 @@ def causal_mask(num_new: int, num_past: int, dtype: torch.dtype, device: torch.d
     return torch.zeros(num_new, total, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
 
 
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+           compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """One row's attention, grouped-query without repeating keys: the query heads that share a kv head are
     stacked along the query axis, so each kv head is read once.
 
     query [kv_heads, groups * n, head_dim], already scaled; keys, values [kv_heads, length, head_dim] (views
-    of the store); mask [groups * n, length] additive, or None (a single token sees everything).
-    -> [kv_heads, groups * n, head_dim]."""
+    of the store); mask [groups * n, length] additive, or None (a single token sees everything);
+    compute_dtype: DecoderParts.attention_dtype. -> [kv_heads, groups * n, head_dim], query's dtype."""
+    if compute_dtype is not None and compute_dtype != query.dtype:
+        wide = attend(query.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype),
+                      None if mask is None else mask.to(compute_dtype))
+        return wide.to(query.dtype)
     if mask is None:
         scores = torch.bmm(query, keys.transpose(1, 2))  # [kv_heads, g*n, length]
     else:
         scores = torch.baddbmm(mask, query, keys.transpose(1, 2))
-    if scores.dtype == torch.float32:
+    if scores.dtype in (torch.float32, torch.float64):
         probs = scores.softmax(dim=-1)
     else:  # low precision: the normalisation in fp32
         probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
@@ -208,7 +217,7 @@ def _shelf_groups(rows: Sequence[ForwardRow], starts: list[int], counts: list[in
 
 
 def _attend_group(group: _ShelfGroup, layer_index: int, query: torch.Tensor, new_kv: torch.Tensor,
-                  merged: torch.Tensor) -> None:
+                  merged: torch.Tensor, compute_dtype: torch.dtype | None = None) -> None:
     """Write the group's new keys and values into its shelf and attend all its rows in one call:
     query [T, kv_heads, groups, d] (scaled), new_kv [T, 2, kv_heads, d]; the result goes into the group's
     tokens of merged [T, heads * d]."""
@@ -223,14 +232,18 @@ def _attend_group(group: _ShelfGroup, layer_index: int, query: torch.Tensor, new
     window = slice(group.low, group.low + group.slots)
     keys = shelf_kv[0, window, :, : group.length].reshape(group.slots * kv_heads, group.length, head_dim)
     values = shelf_kv[1, window, :, : group.length].reshape(group.slots * kv_heads, group.length, head_dim)
+    mask = group.mask
+    if compute_dtype is not None and compute_dtype != query.dtype:
+        stacked, keys, values = stacked.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
+        mask = None if mask is None else mask.to(compute_dtype)
     scores = torch.bmm(stacked, keys.transpose(1, 2))
-    if group.mask is not None:
-        scores.view(group.slots, kv_heads, groups, group.width, group.length).add_(group.mask)
-    if scores.dtype == torch.float32:
+    if mask is not None:
+        scores.view(group.slots, kv_heads, groups, group.width, group.length).add_(mask)
+    if scores.dtype in (torch.float32, torch.float64):
         probs = scores.softmax(dim=-1)
     else:  # low precision: the normalisation in fp32
         probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-    output = torch.bmm(probs, values).view(group.slots, kv_heads, groups, group.width, head_dim)
+    output = torch.bmm(probs, values).to(query.dtype).view(group.slots, kv_heads, groups, group.width, head_dim)
     output = output.permute(0, 3, 1, 2, 4).reshape(group.slots * group.width, kv_heads * groups * head_dim)
     merged.index_copy_(0, group.members, output.index_select(0, group.padded))
 
@@ -275,7 +288,7 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
         new_kv = torch.stack((_apply_rope(keys, cos, sin), values), dim=1)  # [T, 2, kv_heads, d]
         merged = torch.empty(total, parts.num_heads * parts.head_dim, dtype=hidden.dtype, device=device)
         for group in shelf_groups:
-            _attend_group(group, layer_index, query, new_kv, merged)
+            _attend_group(group, layer_index, query, new_kv, merged, parts.attention_dtype)
         for index in alone:
             low, high, start, count = offsets[index], offsets[index + 1], starts[index], counts[index]
             sequence = rows[index].sequence
@@ -283,7 +296,7 @@ def packed_forward(parts: DecoderParts, rows: Sequence[ForwardRow]) -> list[torc
             row_keys, row_values = sequence.view(layer_index, start + count)
             row_query = query[low:high].permute(1, 2, 0, 3).reshape(parts.num_kv_heads, groups * count,
                                                                     parts.head_dim)
-            merged[low:high] = attend(row_query, row_keys, row_values, masks[index]).view(
+            merged[low:high] = attend(row_query, row_keys, row_values, masks[index], parts.attention_dtype).view(
                 parts.num_kv_heads, groups, count, parts.head_dim).permute(2, 0, 1, 3).reshape(count, -1)
         hidden = hidden + attention.o_proj(merged)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -40,9 +40,8 @@ class TorchEngine:
     def __init__(self, target: LoadedModel, *, budget_bytes: int | None = None) -> None:
         self.target = target
         self.parts = decoder_parts(target.model)
-        # Dynamic int8 quantises activations with one scale per tensor: rows packed together would change
-        # each other's results, so an int8 model runs its rows one forward each (same rows, same KV store).
-        self.row_by_row = target.precision == "int8"
+        if target.precision == "int8":  # every other op is exact per token: attention in double to match
+            self.parts.attention_dtype = torch.float64
         dtype = self.parts.embed.weight.dtype  # the activations' dtype: fp32 for fp32 and int8, else bf16/fp16
         self.store = KVStore(self.parts.kv_shape(dtype, self.parts.embed.weight.device), budget_bytes=budget_bytes)
 
@@ -50,8 +49,5 @@ class TorchEngine:
         return self.store.allocate()
 
     def forward(self, rows: Sequence[ForwardRow]) -> list[torch.Tensor | None]:
-        if self.row_by_row:
-            logits = [packed_forward(self.parts, [row])[0] for row in rows]
-        else:
-            logits = packed_forward(self.parts, rows)
+        logits = packed_forward(self.parts, rows)
         return [None if item is None else item.cpu() for item in logits]

@@ -1,4 +1,5 @@
-"""Run a model at fp32, bf16, fp16 or int8 (dynamic quantisation of Linear layers, CPU).
+"""Run a model at fp32, bf16, fp16 or int8 (Linear layers at int8 with per-token activation scales, CPU:
+int8_linear.py).
 
 Norm layers always compute in fp32: low-precision RMSNorm statistics are
 where reduced-precision drafts lose agreement first. fp32 on CPU stores its
@@ -8,12 +9,11 @@ Linear weights transposed by default (see linear_layout.py).
 from __future__ import annotations
 
 import logging
-import warnings
-
 import torch
 from torch import nn
 
 from services.errors import PrecisionError
+from services.models.int8_linear import quantise_linears
 from services.models.linear_layout import LAYOUTS, restore_linears, transpose_linears
 
 logger = logging.getLogger(__name__)
@@ -46,12 +46,12 @@ def _keep_norms_fp32(model: nn.Module) -> None:
 
 def lossless_warning(precision: str) -> str | None:
     """What a verify worker says at start when its target's greedy output may differ from target-only decoding
-    (docs/decoding.md, "Reduced-precision targets"); None for fp32, which stays identical."""
-    if precision == "fp32":
+    (docs/decoding.md, "Reduced-precision targets"); None for fp32 and int8, which stay identical."""
+    if precision in ("fp32", "int8"):
         return None
     return (f"target at {precision}: its logits for a token depend on what else a forward carries (a verified "
             f"block, a prefill chunk, a reused prefix), so greedy output may differ from target-only decoding; "
-            f"serve fp32 where output must be identical (docs/decoding.md, reduced-precision targets)")
+            f"serve fp32 or int8 where output must be identical (docs/decoding.md, reduced-precision targets)")
 
 
 def apply_precision(model: nn.Module, precision: str, device: torch.device, *,
@@ -69,11 +69,8 @@ def apply_precision(model: nn.Module, precision: str, device: torch.device, *,
     model = model.to(device)
     if precision == "int8":
         if device.type != "cpu":
-            raise PrecisionError(f"precision 'int8' (dynamic quantisation) runs on CPU only, not {device}")
-        model = model.float()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao deprecation notice
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+            raise PrecisionError(f"precision 'int8' (torch._int_mm on CPU) runs on CPU only, not {device}")
+        model = quantise_linears(model.float())
     elif precision != "fp32":
         model = model.to(_FLOAT_DTYPES[precision])
         _keep_norms_fp32(model)

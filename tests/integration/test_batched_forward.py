@@ -118,8 +118,9 @@ def test_unsupported_architectures_are_named():
         decoder_parts(model)
 
 
-def test_an_int8_target_gives_each_row_what_it_gets_alone():
-    """Dynamic int8 scales activations per tensor: packed rows would change each other, so it runs row by row."""
+def test_an_int8_target_gives_each_row_what_it_gets_alone_in_one_packed_forward():
+    """int8 scales each token's activations on their own and sums in int32 (services/models/int8_linear.py):
+    rows packed into one forward get the very bits they get alone."""
     target = build_tiny_llama(4).with_precision("int8")
     generator = torch.Generator().manual_seed(2)
     prompts = [random_ids(generator, n) for n in (3, 40, 9)]
@@ -128,7 +129,6 @@ def test_an_int8_target_gives_each_row_what_it_gets_alone():
         engine = TorchEngine(target)
         alone.append(engine.forward([ForwardRow(engine.new_sequence(), prompt, 2)])[0])
     engine = TorchEngine(target)
-    assert engine.row_by_row
     together = engine.forward([ForwardRow(engine.new_sequence(), prompt, 2) for prompt in prompts])
     for single, batched in zip(alone, together):
         assert torch.equal(batched, single)
@@ -186,3 +186,17 @@ def test_a_bf16_target_attends_in_one_call_like_row_by_row(monkeypatch):
     _, alone_logits = _mixed_step(TorchEngine(target), torch.Generator().manual_seed(4))
     for together, single in zip(grouped_logits, alone_logits):
         torch.testing.assert_close(together, single, atol=2e-2, rtol=2e-2)
+
+
+def test_an_int8_target_gives_a_token_in_a_block_the_bits_it_gets_decoded_alone():
+    """A block of eight tokens in one row, then the same eight one forward each: every position's logits are
+    equal, bit for bit (int8 sums exact per token, attention in double)."""
+    target = build_tiny_llama(5).with_precision("int8")
+    generator = torch.Generator().manual_seed(3)
+    prompt, block = random_ids(generator, 30), random_ids(generator, 8)
+    engine = TorchEngine(target)
+    together, alone = engine.new_sequence(), engine.new_sequence()
+    engine.forward([ForwardRow(together, prompt, 1), ForwardRow(alone, prompt, 1)])
+    in_block = engine.forward([ForwardRow(together, block, len(block))])[0]
+    one_by_one = torch.cat([engine.forward([ForwardRow(alone, [token], 1)])[0] for token in block])
+    assert torch.equal(in_block, one_by_one)

@@ -224,3 +224,17 @@ def test_hybrid_uses_lookup_when_it_matches_and_the_model_otherwise():
         outputs.append(session.output_ids)
     assert outputs[0] == outputs[1]  # lossless whichever half drafted
     assert drafter.num_model_rounds > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_an_int8_target_speculating_decodes_what_it_decodes_alone(seed):
+    """int8 with per-token scales and attention in double (services/models/int8_linear.py): a token verified in a
+    block gets the bits it gets decoded alone, so greedy speculation is the int8 target's own output."""
+    target = build_tiny_llama(seed).with_precision("int8")
+    prompt = prompt_for(seed)
+    expected = run(target, None, prompt).output_ids
+    drafter = ModelDrafter(perturbed_copy(build_tiny_llama(seed), scale=0.05, seed=seed))  # close: long blocks
+    for gamma in (2, 5, 8):
+        session = run(target, drafter, prompt, gamma=gamma, fixed_gamma=True)
+        assert session.output_ids == expected, f"seed {seed} gamma {gamma}"
+        assert session.stats.num_accepted_tokens > 0

@@ -12,6 +12,7 @@ from services.errors import ModelNotFoundError, PrecisionError, TokenizerMismatc
 from services.models.drafters import load_draft_source
 from services.models.loading import check_same_tokenizer, load_model
 from services.models.linear_layout import TransposedLinear, restore_linears, transpose_linears
+from services.models.int8_linear import Int8Linear
 from services.models.precision import Fp32Norm, apply_precision, lossless_warning
 from tests.conftest import WORDS, build_tiny_llama, save_tiny_model
 
@@ -70,8 +71,9 @@ def test_directory_without_config(tmp_path):
 
 def test_int8_quantises_linears_and_keeps_norms_float(tiny_target):
     quantised = tiny_target.with_precision("int8").model
-    kinds = {type(module).__name__ for module in quantised.modules()}
-    assert "Linear" in kinds and not any(isinstance(m, nn.Linear) and type(m) is nn.Linear for m in quantised.modules())
+    assert not any(isinstance(m, nn.Linear) for m in quantised.modules())
+    layers = [m for m in quantised.modules() if isinstance(m, Int8Linear)]
+    assert layers and all(m.weight.dtype == torch.int8 and m.weight_scale.dtype == torch.float32 for m in layers)
     norms = [m for m in quantised.modules() if type(m).__name__.endswith("RMSNorm")]
     assert norms and all(norm.weight.dtype == torch.float32 for norm in norms)
 
@@ -193,8 +195,8 @@ def test_a_layer_registered_twice_is_converted_once_and_stays_shared():
     assert type(model[0]) is nn.Linear and model[0] is model[2]
 
 
-def test_a_target_below_fp32_is_said_not_to_be_lossless_and_fp32_is_not():
-    assert lossless_warning("fp32") is None
-    for precision in ("bf16", "fp16", "int8"):
+def test_a_float_target_below_fp32_is_said_not_to_be_lossless_and_fp32_and_int8_are_not():
+    assert lossless_warning("fp32") is None and lossless_warning("int8") is None
+    for precision in ("bf16", "fp16"):
         assert f"target at {precision}" in lossless_warning(precision)
         assert "may differ from target-only decoding" in lossless_warning(precision)
