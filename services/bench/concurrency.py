@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from services.engine import GenerationOptions, generate
 from services.models.drafters import DraftSource
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
+from services.synthetic import describe_label
 from services.speculative.stats import percentile
 
 logger = logging.getLogger(__name__)
@@ -197,11 +198,46 @@ def level_prompts(prompts: list[BenchPrompt], concurrency: int, requests: int | 
     return [prompts[index % len(prompts)] for index in range(count)]
 
 
+def served(config: ConcurrencyConfig) -> tuple[str, dict | None]:
+    """The model the stack the stack modes load serves, and its synthetic label (its /v1/models: the settings'
+    target and None when it does not answer, or when no stack mode runs)."""
+    if not {"stack", "stack-ar"} & set(config.modes):
+        return config.model, None
+    import httpx
+
+    from services.bench.stack_client import served_model
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    with httpx.Client(base_url=config.url, headers=headers, timeout=10) as client:
+        return served_model(client, config.model)
+
+
+def publish_references(config: ConcurrencyConfig, label: dict | None, reference: dict[str, list[int]],
+                       encoded: dict[str, list[int]]) -> bool:
+    """A stack whose draft is synthetic drafts from the target's greedy output (services/synthetic.py): each
+    prompt's, published to the stack's Redis before any level runs. False (nothing written) for another stack."""
+    if not label or "draft" not in label:
+        return False
+    from services.redis_conn import connect
+    from services.synthetic import publish_reference
+
+    client = connect(config.redis_url)
+    for prompt_id, output_ids in reference.items():
+        publish_reference(client, encoded[prompt_id], output_ids)
+    return True
+
+
 def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_dir: Path,
                           progress=print) -> tuple[list[LevelRow], list[Mismatch], list[Path]]:
     encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
     progress(f"reference: single-stream target-only decoding of {len(encoded)} prompts in this process")
     reference = reference_outputs(target, config.prompts, encoded, config.max_tokens)
+    model, label = served(config)
+    config = replace(config, model=model)
+    if label:
+        progress(f"stack: {describe_label(label)}")
+    if publish_references(config, label, reference, encoded):
+        progress(f"published {len(reference)} greedy references for the stack's synthetic draft")
     urls = {"stack": config.url, "stack-ar": config.url, "baseline": config.baseline_url}
     for mode in config.modes:  # warm every stack up (models, caches, connections) before timing
         if mode in urls:
@@ -224,8 +260,8 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
             progress(f"C={concurrency:<3} {mode:9} {row.tokens_per_s:7.1f} tok/s  TTFT p50 {row.ttft_p50_ms} ms  "
                      f"ITL p50/p99 {row.itl_p50_ms}/{row.itl_p99_ms} ms  {row.extra}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [write_json(out_dir / "concurrency.json", config, rows, mismatches),
-             write_markdown(out_dir / "concurrency.md", rows, mismatches)]
+    files = [write_json(out_dir / "concurrency.json", config, rows, mismatches, label),
+             write_markdown(out_dir / "concurrency.md", rows, mismatches, label)]
     plot = plot_concurrency(rows, out_dir / "throughput_vs_concurrency.png")
     return rows, mismatches, files + ([plot] if plot else [])
 
@@ -259,9 +295,11 @@ def _run_mode(mode: str, config: ConcurrencyConfig, urls: dict, target: LoadedMo
     return run, check_greedy(run, reference, encoded, target)
 
 
-def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mismatches: list[Mismatch]) -> Path:
+def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mismatches: list[Mismatch],
+               label: dict | None = None) -> Path:
     meta = {"levels": config.levels, "modes": config.modes, "max_tokens": config.max_tokens,
-            "prompts": [p.id for p in config.prompts], "url": config.url, "baseline_url": config.baseline_url}
+            "prompts": [p.id for p in config.prompts], "url": config.url, "baseline_url": config.baseline_url,
+            "synthetic": label}
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(row) for row in rows],
                                 "mismatches": [{**asdict(m), "fatal": m.fatal} for m in mismatches]}, indent=1))
     return path
@@ -271,9 +309,10 @@ def _cell(value) -> str:
     return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch]) -> Path:
+def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch], label: dict | None = None) -> Path:
     by_key = {(row.mode, row.concurrency): row for row in rows}
-    lines = ["| mode | C | tok/s | x one stream | x hf-batch | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms "
+    lines = [f"stack: {describe_label(label)}", ""] if label else []
+    lines += ["| mode | C | tok/s | x one stream | x hf-batch | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms "
              "| acceptance | rows/step | bookkeeping | mismatches |", "|" + "---|" * 12]
     for row in rows:
         single = by_key.get((row.mode, min(c for m, c in by_key if m == row.mode)))

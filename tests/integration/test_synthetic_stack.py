@@ -87,5 +87,18 @@ def test_a_synthetic_stack_is_lossless_and_labelled(tmp_path):
             "model": "random:tiny", "prompt": "unpublished", "max_tokens": 8, "temperature": 0}).json()
         assert answer["mirror_sd"]["synthetic"]["synthetic"] is True
         assert answer["mirror_sd"]["num_draft_tokens"] == 0
+        # a concurrency bench over prompts of its own publishes their references too: its drafts accept
+        others = tmp_path / "others.jsonl"
+        others.write_text("".join(json.dumps({"id": f"q{index}", "category": "c", "prompt": text}) + "\n"
+                                  for index, text in enumerate(["Describe the sea.", "Count to five."])))
+        result = CliRunner().invoke(app, [
+            "bench", "--target", "random:tiny", "--prompts", str(others), "--concurrency", "2", "--modes", "stack",
+            "-n", "16", "--threads", "1", "--url", stack.base_url, "--redis-url", stack.redis_url,
+            "--out", str(tmp_path / "levels")])
+        assert result.exit_code == 0, result.output
+        levels = json.loads((tmp_path / "levels" / "concurrency.json").read_text())
+        assert levels["rows"][0]["acceptance_rate"] > 0 and levels["rows"][0]["mismatches"] == 0
+        assert "chosen, not earned" in levels["meta"]["synthetic"]["draft"]
+        assert "stack: SYNTHETIC" in (tmp_path / "levels" / "concurrency.md").read_text()
     finally:
         stack.stop()
