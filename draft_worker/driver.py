@@ -26,8 +26,9 @@ for all of them at once:
 - every CONTROL_EVERY_S: cancellations, failover (a block whose verify
   worker stopped heartbeating goes to the pool, and so does a block that
   left the pool's queue without any worker saying it took it), a block
-  unanswered for RESEND_AFTER_S by a live worker sent to it again (a lost
-  message must not hold a request until its deadline), and verdict
+  unanswered for RESEND_AFTER_S by a live worker, and no longer in its
+  queue, sent to it again (a lost message must not hold a request until its
+  deadline), and verdict
   deadlines (the session ends with an error event in its stream). The
   look at every session's cancel and request keys rides in the pipeline of
   a turn's blocks; it takes a round trip of its own only when no block has
@@ -70,11 +71,13 @@ FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its ver
 # A block sent to the pool that no worker has said it took (BlockTaken) for this long, and that is no longer in the
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
 UNTAKEN_AFTER_S = 2.0
-# A block taken by a live verify worker and unanswered this long (then again each time as long) is sent to that
-# worker again: whatever dropped it, the copy is answered as any block is (a duplicate of the block in hand is
-# ignored, one whose rounds are committed gets a resync verdict, one the worker lost rebuilds its session from the
-# stream), so a resend can never commit twice, and a lost message costs seconds, not the verdict deadline.
-RESEND_AFTER_S = 5.0
+# A block taken by a live verify worker, unanswered this long (then again each time as long) and no longer in that
+# worker's queue (a busy worker's queued block is only waiting), is sent to that worker again: whatever dropped it,
+# the copy is answered as any block is (a duplicate of the block in hand is ignored, one whose rounds are committed
+# gets a resync verdict, one the worker lost rebuilds its session from the stream), so a resend can never commit
+# twice, and a lost message costs seconds, not the verdict deadline. Well above a round under load on a CPU box (a
+# chaos drill on 2 cores saw 8 concurrent rounds wait 5-10 s behind prefills and kills): a resend says "look here".
+RESEND_AFTER_S = 15.0
 IDLE_WAIT_S = 0.5
 MAX_CATCH_UP_ROUNDS = 1024  # stream entries read back at most for a session bridged while its draft prefilled
 
@@ -449,20 +452,31 @@ class SessionDriver(threading.Thread):
                            f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
 
     def _resend_unanswered(self, handles: list[SessionHandle], now: float) -> None:
-        """Blocks at a live verify worker unanswered for RESEND_AFTER_S (and each time as long again): sent to it
-        once more, and said in the log, so that what lost the first copy can be found."""
+        """Blocks at a live verify worker unanswered for RESEND_AFTER_S (and each time as long again) and out of its
+        queue: sent to it once more, and said in the log, so that what lost the first copy can be found."""
         due = [h for h in handles
-               if now - h.session.in_flight.sent_at > RESEND_AFTER_S * (h.session.in_flight.resent + 1)]
+               if now - h.session.in_flight.sent_at > RESEND_AFTER_S * (h.session.in_flight.unanswered_periods + 1)]
         if not due:
             return
         with self.client.pipeline(transaction=False) as pipe:
             for handle in due:
                 flight = handle.session.in_flight
-                flight.resent += 1
+                pipe.lpos(protocol.verify_worker_queue(flight.worker), flight.payload)
+            positions = self._execute(pipe)
+        for handle, position in zip(due, positions):
+            if position is not None:  # still queued: its worker has not come to it yet; look again later
+                handle.session.in_flight.unanswered_periods += 1
+        due = [handle for handle, position in zip(due, positions) if position is None]
+        if not due:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for handle in due:
+                flight = handle.session.in_flight
+                flight.unanswered_periods += 1
                 flight.measured = False  # its round trip holds the wait: not the link's
                 logger.warning("request %s: verify worker %s has not answered round %d in %.1fs while "
-                               "heartbeating; sending the block again (%d)", handle.session.request_id, flight.worker,
-                               flight.block.round, now - flight.sent_at, flight.resent,
+                               "heartbeating, and it is out of its queue; sending the block again", handle.session.request_id, flight.worker,
+                               flight.block.round, now - flight.sent_at,
                                extra={"request_id": handle.session.request_id})
                 pipe.rpush(protocol.verify_worker_queue(flight.worker), flight.payload)
             self._execute(pipe)

@@ -88,7 +88,7 @@ class InFlight:
     speculating: SpeculationState | None = None  # block k+1, drafted while this block is verified
     chained: bool = False  # block k+1 went out from that speculation, ahead of this block's verdict
     measured: bool = True  # its round trip is this side's (False: the gateway sent it, SessionSpec.opened)
-    resent: int = 0  # times sent again to its live verify worker, unanswered (draft_worker/driver.py RESEND_AFTER_S)
+    unanswered_periods: int = 0  # RESEND_AFTER_S periods its live worker let pass (draft_worker/driver.py)
 
     @property
     def ahead_of_verdict(self) -> bool:

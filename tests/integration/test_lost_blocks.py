@@ -4,6 +4,7 @@ error event, never a stream that waits for the gateway's timeout."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import redis
@@ -27,6 +28,15 @@ def target():
 @pytest.fixture
 def client(redis_url):
     return redis.Redis.from_url(redis_url)
+
+
+def drive_then_close(runtime, spec: SessionSpec, worker: VerifyThread):
+    """The session driven to its end beside `worker`; both closed however it ends."""
+    try:
+        return runtime.driver.drive(runtime.new_session(spec, []))
+    finally:
+        runtime.close()
+        worker.close()
 
 
 def test_a_block_whose_taker_died_before_saying_so_is_sent_to_the_pool_again(client, target, monkeypatch):
@@ -103,11 +113,7 @@ def test_a_block_a_live_worker_dropped_is_sent_to_it_again_and_the_output_is_the
         admit(kept)
 
     worker.worker._admit = admit_but_drop_one
-    try:
-        summary = runtime.driver.drive(runtime.new_session(spec, []))
-    finally:
-        runtime.close()
-        worker.close()
+    summary = drive_then_close(runtime, spec, worker)
     assert len(dropped) == 1 and runtime.driver.num_resent >= 1
     assert summary.finish_reason == "length" and summary.num_output_tokens == 20, summary
     assert output_tokens(client, "dropped-once") == reference(target, PROMPT, 20)
@@ -123,13 +129,38 @@ def test_a_resent_block_the_worker_still_holds_commits_nothing_twice(client, tar
     spec = SessionSpec(request_id="resent-often", prompt_ids=PROMPT, max_new_tokens=12, ignore_eos=True)
     submit_spec(client, spec)
     worker = VerifyThread(client, target, step_s=0.4)
-    try:
-        summary = runtime.driver.drive(runtime.new_session(spec, []))
-    finally:
-        runtime.close()
-        worker.close()
+    summary = drive_then_close(runtime, spec, worker)
     assert runtime.driver.num_resent >= 2
     assert summary.num_output_tokens == 12, summary
     events = read_events(client, "resent-often")
     assert [event.seq for event in events] == list(range(len(events)))
     assert output_tokens(client, "resent-often") == reference(target, PROMPT, 12)
+
+
+def test_a_block_still_in_its_busy_workers_queue_is_not_sent_again(client, target, monkeypatch):
+    """A live worker that stops taking blocks for 1.5 s (busy elsewhere) while resends are due every 0.2 s: the
+    session's block waits in that worker's queue, so it is not lost and no copy goes after it."""
+    monkeypatch.setattr(driver_module, "RESEND_AFTER_S", 0.2)
+    monkeypatch.setattr(driver_module, "FAILOVER_AFTER_S", 0.05)
+    runtime = draft_runtime(client, DraftSource("tiny-draft", target))
+    spec = SessionSpec(request_id="queued-behind", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
+    submit_spec(client, spec)
+    worker = VerifyThread(client, target)
+    pop = worker.worker._pop
+    pause = {"until": None, "popped": 0}
+
+    def pop_with_a_pause(timeout_s):
+        if pause["until"] is None and pause["popped"] >= 2:  # two blocks in: the next one waits in the queue
+            pause["until"] = time.monotonic() + 1.5
+        if pause["until"] is not None and time.monotonic() < pause["until"]:
+            time.sleep(0.05)
+            return []
+        raws = pop(timeout_s)
+        pause["popped"] += len(raws)
+        return raws
+
+    worker.worker._pop = pop_with_a_pause
+    summary = drive_then_close(runtime, spec, worker)
+    assert pause["until"] is not None and runtime.driver.num_resent == 0
+    assert summary.num_output_tokens == 20, summary
+    assert output_tokens(client, "queued-behind") == reference(target, PROMPT, 20)
