@@ -474,9 +474,9 @@ class SessionDriver(threading.Thread):
                 flight = handle.session.in_flight
                 flight.unanswered_periods += 1
                 flight.measured = False  # its round trip holds the wait: not the link's
-                logger.warning("request %s: verify worker %s has not answered round %d in %.1fs while "
-                               "heartbeating, and it is out of its queue; sending the block again", handle.session.request_id, flight.worker,
-                               flight.block.round, now - flight.sent_at,
+                logger.warning("request %s: verify worker %s has not answered round %d in %.1fs while heartbeating, "
+                               "and it is out of its queue; sending the block again", handle.session.request_id,
+                               flight.worker, flight.block.round, now - flight.sent_at,
                                extra={"request_id": handle.session.request_id})
                 pipe.rpush(protocol.verify_worker_queue(flight.worker), flight.payload)
             self._execute(pipe)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from services.models.linear_layout import replace_layers
+
 QMAX = 127  # symmetric: -127..127, so negation never overflows
 _TINY = 1e-12  # scale floor: an all-zero row quantises to zeros, not NaN
 
@@ -62,15 +64,7 @@ class Int8Linear(nn.Module):
 
 
 def quantise_linears(model: nn.Module) -> nn.Module:
-    """Every nn.Linear of `model` replaced, in place, by an Int8Linear, each freed as its replacement goes in;
-    a layer registered twice (a tied head) becomes one Int8Linear, shared."""
-    done: dict[int, Int8Linear] = {}
-    names = [name for name, module in model.named_modules(remove_duplicate=False) if type(module) is nn.Linear]
-    for name in names:
-        parent_name, _, child_name = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        linear = getattr(parent, child_name)
-        if id(linear) not in done:
-            done[id(linear)] = Int8Linear.from_linear(linear)
-        setattr(parent, child_name, done[id(linear)])
+    """Every plain nn.Linear of `model` replaced, in place, by an Int8Linear (linear_layout.replace_layers: each
+    freed as its replacement goes in, a layer registered twice converted once)."""
+    replace_layers(model, nn.Linear, Int8Linear.from_linear)
     return model

@@ -90,7 +90,7 @@ class TransposedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, transposed"
 
 
-def _replace_children(model: nn.Module, wanted: type, convert) -> int:
+def replace_layers(model: nn.Module, wanted: type, convert) -> int:
     """Converts every `wanted` layer in place, one at a time: only names are listed up front, so each old
     layer is freed as soon as its replacement is in (a list of the modules themselves would keep every old
     layer alive to the end, and a model's weights twice in memory: 12 GB at the peak for a 1B fp32 model).
@@ -112,9 +112,9 @@ def _replace_children(model: nn.Module, wanted: type, convert) -> int:
 
 def transpose_linears(model: nn.Module) -> int:
     """Store every plain nn.Linear of model transposed (in place); returns how many."""
-    return _replace_children(model, nn.Linear, TransposedLinear)
+    return replace_layers(model, nn.Linear, TransposedLinear)
 
 
 def restore_linears(model: nn.Module) -> int:
     """Back to plain nn.Linear layers (before quantisation or a dtype change); returns how many."""
-    return _replace_children(model, TransposedLinear, TransposedLinear.to_linear)
+    return replace_layers(model, TransposedLinear, TransposedLinear.to_linear)

@@ -9,6 +9,7 @@ Linear weights transposed by default (see linear_layout.py).
 from __future__ import annotations
 
 import logging
+
 import torch
 from torch import nn
 
