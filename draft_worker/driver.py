@@ -124,11 +124,15 @@ class SessionDriver(threading.Thread):
         self._controlled = 0.0
         self._looked = 0.0
         self.num_verdicts = 0
-        self.num_resent = 0  # blocks sent again to a live verify worker that had not answered them
         self.num_turns = 0  # a driver with nothing to do waits on its inbox: this stays low while it does
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
         self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
+
+    @property
+    def num_resent(self) -> int:
+        """Blocks sent again to a live verify worker that had not answered them (in the heartbeat's link)."""
+        return self.meter.resent_blocks
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -480,7 +484,7 @@ class SessionDriver(threading.Thread):
                                extra={"request_id": handle.session.request_id})
                 pipe.rpush(protocol.verify_worker_queue(flight.worker), flight.payload)
             self._execute(pipe)
-        self.num_resent += len(due)
+        self.meter.resent_blocks += len(due)
 
     def _fail_over(self, handle: SessionHandle) -> None:
         session = handle.session
@@ -495,6 +499,7 @@ class SessionDriver(threading.Thread):
         self._count_round_trip()
         self.outbox.flush()
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
+        self.meter.failed_over_blocks += 1
 
     def _cancel(self, handle: SessionHandle) -> None:
         """Close the stream with a 'cancelled' event and free the verify side's KV cache."""

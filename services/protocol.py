@@ -467,6 +467,10 @@ class LinkFigures:
     # share of rounds since start whose block was verified before the verdict of the one before reached the draft
     blocks_ahead: int | None = None
     verified_ahead: float | None = None
+    # blocks sent again since start (draft_worker/driver.py): to a live verify worker that had not answered them
+    # (resent), and to the pool when the worker that held them stopped heartbeating (failed over)
+    resent_blocks: int = 0
+    failed_over_blocks: int = 0
 
     def to_wire(self) -> dict:
         return dataclasses.asdict(self)
@@ -485,7 +489,9 @@ class LinkFigures:
                 f"{ms(self.transport_ms_p99)} ms; verify p50 {ms(self.verify_ms_p50)} ms (last {self.window} "
                 f"of {self.rounds} rounds); {trips} Redis round trips per round"
                 + (f"; {self.blocks_ahead} blocks ahead, {self.verified_ahead:.0%} of rounds verified ahead"
-                   if self.blocks_ahead is not None and self.verified_ahead is not None else ""))
+                   if self.blocks_ahead is not None and self.verified_ahead is not None else "")
+                + (f"; blocks resent {self.resent_blocks}, failed over {self.failed_over_blocks}"
+                   if self.resent_blocks or self.failed_over_blocks else ""))
 
 
 @dataclass

@@ -212,6 +212,12 @@ class FleetCollector:
         ahead = GaugeMetricFamily("mirror_sd:draft_verified_ahead_ratio", "Share of a draft worker's rounds whose "
                                   "block its verify worker took before the verdict of the block before it reached "
                                   "the draft (blocks verified ahead), since start", labels=["worker", "pool"])
+        resent = CounterMetricFamily("mirror_sd:draft_resent_blocks", "Blocks a draft worker sent again to a live "
+                                     "verify worker that had not answered them for a resend period and no longer queued them "
+                                     "(each is in its log), since start", labels=["worker", "pool"])
+        failed_over = CounterMetricFamily("mirror_sd:draft_failed_over_blocks", "Blocks a draft worker sent to "
+                                          "its pool again because the verify worker holding them stopped "
+                                          "heartbeating, since start", labels=["worker", "pool"])
         families = {figure: GaugeMetricFamily(f"mirror_sd:draft_{figure}_seconds", doc, labels=["worker", "pool",
                                                                                                 "quantile"])
                     for figure, doc in (("round_trip", "Draft block sent -> its verdict seen, on the draft "
@@ -228,6 +234,8 @@ class FleetCollector:
                 trips.add_metric([beat.worker_id, beat.pool], link.round_trips_per_round)
             if link.verified_ahead is not None:
                 ahead.add_metric([beat.worker_id, beat.pool], link.verified_ahead)
+            resent.add_metric([beat.worker_id, beat.pool], link.resent_blocks)
+            failed_over.add_metric([beat.worker_id, beat.pool], link.failed_over_blocks)
             for figure, family in families.items():
                 for suffix, quantile in (("p50", "0.5"), ("p99", "0.99")):
                     value = getattr(link, f"{figure}_ms_{suffix}")
@@ -236,4 +244,6 @@ class FleetCollector:
         yield rtt
         yield trips
         yield ahead
+        yield resent
+        yield failed_over
         yield from families.values()

@@ -64,6 +64,8 @@ class LinkMeter:
     rounds: int = 0
     chained_rounds: int = 0  # of those, verified ahead (services/speculative/chaining.py)
     driver_round_trips: int = 0  # the draft driver's, counted by it (one thread writes, the heartbeat reads)
+    resent_blocks: int = 0  # counted by the driver too: blocks sent again to a live worker that had not answered
+    failed_over_blocks: int = 0  # and blocks sent to the pool again because the worker holding them died
     _trips: deque = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
@@ -101,4 +103,5 @@ class LinkMeter:
                            verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
                            window=len(trips),
                            round_trips_per_round=round(self.driver_round_trips / rounds, 3) if rounds else None,
-                           blocks_ahead=blocks_ahead, verified_ahead=round(chained / rounds, 3) if rounds else None)
+                           blocks_ahead=blocks_ahead, verified_ahead=round(chained / rounds, 3) if rounds else None,
+                           resent_blocks=self.resent_blocks, failed_over_blocks=self.failed_over_blocks)

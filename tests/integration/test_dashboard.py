@@ -157,6 +157,7 @@ def test_dashboard_shows_live_workers_and_the_thermal_shift(stack, tmp_path):
         # the draft worker's link, as it measures it: its PING to Redis and a round's block-to-verdict trip
         wait_page(page, lambda: text(page, "#drafts td.rtt").endswith("ms")
                   and text(page, "#drafts td.round-trip").endswith("ms"), "the draft worker's link figures")
+        assert text(page, "#drafts td.resent") == "0 / 0"  # nothing lost, nothing sent twice
 
         injected = stack.cli("telemetry", "inject", "--worker", ACCEL, "--temperature", "90", "--for", "2m")
         assert injected.returncode == 0, injected.stderr

@@ -37,7 +37,7 @@ def fleet(tmp_path, redis_url):
                          profile={"step_ms_32x1": 40.0}, overridden=["temperature_c"] if temp else [])
         client.set(heartbeat_key(worker_id), beat.encode(), px=30_000)
     link = LinkFigures(redis_rtt_ms=20.4, round_trip_ms_p50=61.0, round_trip_ms_p99=90.0, rounds=12, window=12,
-                       blocks_ahead=3, verified_ahead=0.4)
+                       blocks_ahead=3, verified_ahead=0.4, resent_blocks=2, failed_over_blocks=1)
     draft = Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu", link=link)
     client.set(heartbeat_key("draft-cpu"), draft.encode(), px=30_000)
     old = RoutingTable(version=1, pool_weights={"accel": 0.5, "cpu": 0.5}, updated_at=now - 1000)
@@ -76,6 +76,7 @@ def test_snapshot_has_workers_history_stats_and_events(fleet):
     assert not workers["verify-cpu-0"]["hot"] and workers["verify-cpu-0"]["link"] is None
     link = workers["draft-cpu"]["link"]  # the draft worker's link figures, for its row in the drafts table
     assert link["redis_rtt_ms"] == 20.4 and link["round_trip_ms_p99"] == 90.0 and link["blocks_ahead"] == 3
+    assert (link["resent_blocks"], link["failed_over_blocks"]) == (2, 1)
     assert snap["routing"]["version"] == 3 and snap["routing"]["pool_weights"] == {"accel": 0.0, "cpu": 1.0}
     # the chart's window: the two versions inside it, after the last one before it
     assert [h["version"] for h in snap["routing_history"]] == [1, 2, 3]

@@ -66,6 +66,8 @@ def test_a_block_whose_taker_died_before_saying_so_is_sent_to_the_pool_again(cli
         for worker in workers:
             worker.close()
     assert len(taken) == 1  # the first block was lost with its taker ...
+    figures = runtime.driver.meter.figures()  # what the heartbeat says of it
+    assert (figures.failed_over_blocks, figures.resent_blocks) == (1, 0), figures
     assert summary.finish_reason == "length" and summary.num_output_tokens == 20, summary
     assert output_tokens(client, "lost-start") == reference(target, PROMPT, 20)  # ... and sent again
 
@@ -115,6 +117,8 @@ def test_a_block_a_live_worker_dropped_is_sent_to_it_again_and_the_output_is_the
     worker.worker._admit = admit_but_drop_one
     summary = drive_then_close(runtime, spec, worker)
     assert len(dropped) == 1 and runtime.driver.num_resent >= 1
+    figures = runtime.driver.meter.figures()  # what the heartbeat says of it
+    assert (figures.resent_blocks, figures.failed_over_blocks) == (runtime.driver.num_resent, 0), figures
     assert summary.finish_reason == "length" and summary.num_output_tokens == 20, summary
     assert output_tokens(client, "dropped-once") == reference(target, PROMPT, 20)
 

@@ -212,6 +212,19 @@ def test_metrics_export_a_draft_workers_link_figures_in_seconds():
     assert "verify-0" not in "".join(line for line in text.splitlines() if line.startswith("mirror_sd:draft_"))
 
 
+def test_a_draft_workers_resent_and_failed_over_blocks_are_counters_in_metrics_and_status():
+    quiet, lossy = LinkFigures(rounds=9), LinkFigures(rounds=9, resent_blocks=2, failed_over_blocks=1)
+    text = exported([Heartbeat(worker_id="draft-a", role="draft", pool="cpu", link=quiet),
+                     Heartbeat(worker_id="draft-b", role="draft", pool="cpu", link=lossy)])
+    assert "# TYPE mirror_sd:draft_resent_blocks_total counter" in text
+    assert 'mirror_sd:draft_resent_blocks_total{pool="cpu",worker="draft-a"} 0.0' in text
+    assert 'mirror_sd:draft_resent_blocks_total{pool="cpu",worker="draft-b"} 2.0' in text
+    assert 'mirror_sd:draft_failed_over_blocks_total{pool="cpu",worker="draft-b"} 1.0' in text
+    assert "resent" not in quiet.describe()
+    assert lossy.describe().endswith("; blocks resent 2, failed over 1")
+    assert LinkFigures.from_wire(lossy.to_wire()) == lossy
+
+
 def test_metrics_export_a_verify_workers_step_counters_bridging_included():
     counters = {"steps": 40, "rows": 90, "tokens": 700, "forward_s": 3.5, "step_s": 3.75, "bridged_rounds": 12,
                 "blocks_bridged": 3, "blocks_answered": 1, "wide_steps": 9}

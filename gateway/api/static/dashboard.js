@@ -61,7 +61,8 @@ function workerRow(w) {
 }
 
 // A draft worker's link to Redis (services/link/meter.py): its PING, a round's block-to-verdict trip, and the
-// blocks it keeps out ahead of their verdicts with the share of rounds verified ahead.
+// blocks it keeps out ahead of their verdicts with the share of rounds verified ahead, and the blocks it had to
+// send again (to a live worker that never answered; to the pool when their worker died).
 function linkCells(link) {
   const l = link || {};
   const ahead = l.blocks_ahead === null || l.blocks_ahead === undefined ? "-"
@@ -70,7 +71,8 @@ function linkCells(link) {
   return [el("td", {class: "rtt"}, fmt.ms(l.redis_rtt_ms)),
     el("td", {class: "round-trip"}, l.round_trip_ms_p50 === null || l.round_trip_ms_p50 === undefined ? "-"
       : `${fmt.ms(l.round_trip_ms_p50)} / ${fmt.ms(l.round_trip_ms_p99)}`),
-    el("td", {class: "ahead"}, ahead)];
+    el("td", {class: "ahead"}, ahead),
+    el("td", {class: "resent"}, `${l.resent_blocks || 0} / ${l.failed_over_blocks || 0}`)];
 }
 
 function fallbackBadge(w) {
@@ -124,7 +126,8 @@ function renderPools(snap) {
   document.getElementById("drafts").replaceChildren(...notes, ...(drafts.length
     ? [el("table", {class: "workers"},
         el("thead", {}, el("tr", {}, ...["worker", "draft queue", "draft", "sessions", "Redis RTT",
-          "round trip p50 / p99", "blocks ahead", "beat", ""].map((h) => el("th", {}, h)))),
+          "round trip p50 / p99", "blocks ahead",
+          "resent / failed over", "beat", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...drafts.map((w) => el("tr", {"data-worker": w.worker_id},
           el("td", {class: "id"}, w.worker_id), el("td", {}, `draft.${w.pool}`), el("td", {class: "draft"}, w.model),
           el("td", {}, w.num_sessions), ...linkCells(w.link), el("td", {}, `${fmt.num(w.age_s)} s`),
