@@ -114,6 +114,16 @@ class DraftRuntime:
 
 
 _RUNTIME_LOCK = threading.Lock()
+# Connections a draft worker holds beside one per task thread: the driver, its inbox listener and outbox, the
+# heartbeat, Celery's own threads; redis-py 8's pool stops at 100 unless told, and 128 task threads each in a
+# blocking read (a session's opening relay) ran it out under a burst ("Too many connections").
+SPARE_CONNECTIONS = 16
+
+
+def draft_client(settings: Settings) -> redis.Redis:
+    """The draft worker's Redis client: a pool in which every task thread may block on a connection of its own
+    at once."""
+    return connect(settings.redis_url, max_connections=settings.worker.draft_concurrency + SPARE_CONNECTIONS)
 
 
 def get_runtime() -> DraftRuntime:
@@ -136,7 +146,7 @@ def _build_runtime() -> DraftRuntime:
         logger.error("%s", fallback.describe())
     profile = cached_draft_profile(source, vocab_size, settings.cache_dir if settings.worker.profile_cache else None)
     logger.info("device profile: %s", profile)
-    return DraftRuntime(settings=settings, client=connect(settings.redis_url), draft_source=source,
+    return DraftRuntime(settings=settings, client=draft_client(settings), draft_source=source,
                         worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)),
                         profile=profile, fallback=fallback)
 

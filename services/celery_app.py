@@ -19,6 +19,9 @@ from services.redis_url import celery_broker
 logger = logging.getLogger(__name__)
 
 PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
+# Sending a session's task rides out a Redis restart or a Sentinel failover of a few seconds (0, 0.5, 1, 1, ...
+# s between tries, about 8 s in all) instead of failing the request; kombu's default gives up after about 0.6 s.
+PUBLISH_RETRY_POLICY = {"max_retries": 9, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
 
 
 def create_celery_app(settings: Settings) -> Celery:
@@ -37,6 +40,8 @@ def create_celery_app(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_send_task_events=True,  # Flower and `celery events`
         task_send_sent_event=True,
+        task_publish_retry=True,
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis outage is waited out, never a reason to exit
         # kombu's Redis transport (or its Sentinel one), riding out an outage (services/celery_transport.py)

@@ -114,9 +114,11 @@ async def start(state: GatewayState, spec: SessionSpec, *, revive: bool = False)
     if spec.draft_placement != "local":
         if spec.opened and not revive:  # a revived session's new driver finds round 0 committed, or sends it
             await _to_verify(state, spec, opening_block(spec), revive=False)
+        # ignore_result: the outcome is read from the stream and SQL, never from Celery's result store, so no
+        # subscription to it per request (a round trip, and a store that must be up for a request to start)
         await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[spec.request_id],
                                 queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
-                                task_id=spec.request_id)
+                                task_id=spec.request_id, ignore_result=True)
         return
     block = DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],
                        draft_here=True)

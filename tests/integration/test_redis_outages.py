@@ -1,0 +1,97 @@
+"""Redis away for a moment, or busy with a burst, as an operator meets it (a `mirror-sd drill chaos
+--restart-redis` and a 500-request `drill burst` found each of these): sending a session's task waits out a short
+restart, a broker away for longer is a 503 with Retry-After (never a 500), and a draft worker's task threads can
+all block on Redis at once.
+
+Real Redis servers (the machine's, and a private one that is stopped and started), a real gateway app and real
+Celery apps."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from draft_worker.runtime import draft_client
+from gateway.app import create_app
+from services.celery_app import create_celery_app
+from services.config import Settings
+from services.protocol import Heartbeat, heartbeat_key
+from services.stack import PrivateRedis, free_port
+from services.storage.db import init_db
+
+QUEUE = "draft.cpu"
+
+
+@pytest.fixture
+def private_redis():
+    server = PrivateRedis().start()
+    yield server
+    server.stop()
+
+
+def test_a_session_task_sent_while_redis_restarts_waits_for_it_and_is_delivered(private_redis):
+    """kombu's own retry gives up after about 0.6 s; a restart takes longer (0.9 s in the drill)."""
+    app = create_celery_app(Settings(redis_url=private_redis.url))
+    app.send_task("mirror_sd.draft.run_session", args=["warm"], queue=QUEUE, task_id="warm")  # connected once
+    client = redis.Redis.from_url(private_redis.url)
+    client.shutdown(nosave=False)
+    private_redis.process.wait(timeout=10)
+    restarted = threading.Timer(1.5, private_redis.start)
+    restarted.start()
+    started = time.monotonic()
+    try:
+        app.send_task("mirror_sd.draft.run_session", args=["during"], queue=QUEUE, task_id="during")
+    finally:
+        restarted.join()
+    assert time.monotonic() - started >= 1.0  # it waited for the server ...
+    queued = b"".join(redis.Redis.from_url(private_redis.url).lrange(QUEUE, 0, -1))
+    assert b"during" in queued  # ... and the task is there for a draft worker
+
+
+def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redis_url):
+    database_url = f"sqlite:///{tmp_path / 'outage.db'}"
+    init_db(database_url)
+    settings = Settings(redis_url=redis_url, database_url=database_url, gateway={"auth_disabled": True})
+    client = redis.Redis.from_url(redis_url)
+    for worker_id, role in (("verify-cpu-0", "verify"), ("draft-cpu", "draft")):
+        client.set(heartbeat_key(worker_id), Heartbeat(worker_id=worker_id, role=role, pool="cpu").encode(),
+                   px=30_000)
+    with TestClient(create_app(settings)) as http:
+        # the session's task goes to a broker nobody answers (the spec's Redis answers): a real refusal
+        away = create_celery_app(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+        away.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.1,
+                                               "interval_max": 0.1}
+        http.app.state.gateway.celery = away
+        answer = http.post("/v1/chat/completions", json={
+            "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["Retry-After"] and "the queue is unavailable" in answer.json()["error"]["message"]
+
+
+def test_every_task_thread_of_a_draft_worker_can_block_on_redis_at_once(redis_url):
+    """128 task threads (worker.draft_concurrency) each in a blocking read, as a burst's openings are: redis-py 8's
+    default pool of 100 refused the rest ("Too many connections")."""
+    settings = Settings(redis_url=redis_url)
+    client = draft_client(settings)
+    key = "mirror-sd:test:nothing-comes"
+    client.delete(key)
+    errors: list[Exception] = []
+    barrier = threading.Barrier(settings.worker.draft_concurrency)
+
+    def wait_for_nothing() -> None:
+        barrier.wait()
+        try:
+            client.blpop([key], timeout=1)
+        except redis.RedisError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait_for_nothing) for _ in range(settings.worker.draft_concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert settings.worker.draft_concurrency > 100 and errors == [], errors[:3]
