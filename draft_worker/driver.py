@@ -129,11 +129,6 @@ class SessionDriver(threading.Thread):
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
         self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
 
-    @property
-    def num_resent(self) -> int:
-        """Blocks sent again to a live verify worker that had not answered them (in the heartbeat's link)."""
-        return self.meter.resent_blocks
-
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
         handle = SessionHandle(session)

@@ -3,7 +3,8 @@
 A task (one request) takes the request's lease, builds its DraftSession from
 the spec and the committed output so far (a redelivered task resumes), hands
 it to the process's driver (draft_worker/driver.py) and waits, renewing the
-lease and reporting progress; then it records the outcome in SQL.
+lease; then it records the outcome in SQL (the task stores no Celery result: the gateway sends it with
+ignore_result).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def _acquire_lease(runtime: DraftRuntime, request_id: str) -> bool:
     return True
 
 
-def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict], None] | None = None) -> dict:
+def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
     client = runtime.client
     raw_spec = client.get(protocol.request_key(request_id))
     if raw_spec is None:
@@ -188,10 +189,8 @@ def drive_session(runtime: DraftRuntime, request_id: str, report: Callable[[dict
     if not _acquire_lease(runtime, request_id):
         return {"request_id": request_id, "finish_reason": "already_finished"}
 
-    def tick(progress: dict) -> None:  # off the hot path: the driver thread never waits on this
+    def tick(_progress: dict) -> None:  # off the hot path: the driver thread never waits on this
         client.set(protocol.lease_key(request_id), runtime.instance, ex=LEASE_TTL_S)
-        if report is not None:
-            report(progress)
 
     try:
         events = read_events(client, request_id)

@@ -18,15 +18,11 @@ logger = logging.getLogger(__name__)
 celery_app = create_celery_app(get_settings())
 
 
-@celery_app.task(name=TASK_RUN_SESSION, bind=True, acks_late=True, reject_on_worker_lost=True)
-def run_session(self, request_id: str) -> dict:
+@celery_app.task(name=TASK_RUN_SESSION, acks_late=True, reject_on_worker_lost=True)
+def run_session(request_id: str) -> dict:
     """Drive one request to its end; safe to run again for the same id (it resumes or returns)."""
     with request_context(request_id):  # this task thread serves one request until it returns
-        return drive_session(
-            get_runtime(),
-            request_id,
-            report=lambda meta: self.update_state(state="PROGRESS", meta=meta),
-        )
+        return drive_session(get_runtime(), request_id)
 
 
 @worker_ready.connect

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,8 +75,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(redis.RedisError)
-    @app.exception_handler(BrokerError)  # the Celery broker (that Redis) away past the publish retry policy
-    async def _redis_error(request: Request, exc: redis.RedisError | BrokerError) -> JSONResponse:
+    async def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
         """Redis busy or away is load or an outage, not a bug in the request: 503 and when to come back."""
         count(request, 503)
         logger.warning("redis: %s: %s", type(exc).__name__, exc)

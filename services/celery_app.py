@@ -34,7 +34,6 @@ def create_celery_app(settings: Settings) -> Celery:
         result_accept_content=["msgpack", "json"],
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        task_track_started=True,
         task_default_queue=draft_queue(DEFAULT_POOL),
         task_default_priority=PRIORITY_LEVELS["normal"],
         worker_prefetch_multiplier=1,

@@ -468,7 +468,8 @@ class LinkFigures:
     blocks_ahead: int | None = None
     verified_ahead: float | None = None
     # blocks sent again since start (draft_worker/driver.py): to a live verify worker that had not answered them
-    # (resent), and to the pool when the worker that held them stopped heartbeating (failed over)
+    # (resent), and to the pool when the worker that held them stopped heartbeating or died before saying it took
+    # them (failed over); not the blocks every session sends again after a Redis outage
     resent_blocks: int = 0
     failed_over_blocks: int = 0
 

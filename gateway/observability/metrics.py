@@ -213,11 +213,12 @@ class FleetCollector:
                                   "block its verify worker took before the verdict of the block before it reached "
                                   "the draft (blocks verified ahead), since start", labels=["worker", "pool"])
         resent = CounterMetricFamily("mirror_sd:draft_resent_blocks", "Blocks a draft worker sent again to a live "
-                                     "verify worker that had not answered them for a resend period and no longer queued them "
-                                     "(each is in its log), since start", labels=["worker", "pool"])
+                                     "verify worker that had not answered them for a resend period and no longer "
+                                     "queued them (each is in its log), since start", labels=["worker", "pool"])
         failed_over = CounterMetricFamily("mirror_sd:draft_failed_over_blocks", "Blocks a draft worker sent to "
                                           "its pool again because the verify worker holding them stopped "
-                                          "heartbeating, since start", labels=["worker", "pool"])
+                                          "heartbeating, or died before saying it took them, since start",
+                                          labels=["worker", "pool"])
         families = {figure: GaugeMetricFamily(f"mirror_sd:draft_{figure}_seconds", doc, labels=["worker", "pool",
                                                                                                 "quantile"])
                     for figure, doc in (("round_trip", "Draft block sent -> its verdict seen, on the draft "

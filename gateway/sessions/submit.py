@@ -9,6 +9,9 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
+import redis
+from kombu.exceptions import OperationalError as BrokerError
+
 from gateway.admission.slots import Rejected, Ticket
 from gateway.admission.auth import Caller
 from gateway.sessions.ending import end_answer
@@ -116,9 +119,12 @@ async def start(state: GatewayState, spec: SessionSpec, *, revive: bool = False)
             await _to_verify(state, spec, opening_block(spec), revive=False)
         # ignore_result: the outcome is read from the stream and SQL, never from Celery's result store, so no
         # subscription to it per request (a round trip, and a store that must be up for a request to start)
-        await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[spec.request_id],
-                                queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
-                                task_id=spec.request_id, ignore_result=True)
+        try:
+            await asyncio.to_thread(state.celery.send_task, TASK_RUN_SESSION, args=[spec.request_id],
+                                    queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
+                                    task_id=spec.request_id, ignore_result=True)
+        except BrokerError as exc:  # Redis away past the publish retries: an outage like any other Redis error
+            raise redis.ConnectionError(f"sending the session's task: {exc}") from exc
         return
     block = DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],
                        draft_here=True)

@@ -69,7 +69,8 @@ def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redi
         answer = http.post("/v1/chat/completions", json={
             "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
     assert answer.status_code == 503, answer.text
-    assert answer.headers["Retry-After"] and "the queue is unavailable" in answer.json()["error"]["message"]
+    message = answer.json()["error"]["message"]
+    assert answer.headers["Retry-After"] and message == "the queue is unavailable (ConnectionError); retry shortly"
 
 
 def test_every_task_thread_of_a_draft_worker_can_block_on_redis_at_once(redis_url):
@@ -90,8 +91,11 @@ def test_every_task_thread_of_a_draft_worker_can_block_on_redis_at_once(redis_ur
             errors.append(exc)
 
     threads = [threading.Thread(target=wait_for_nothing) for _ in range(settings.worker.draft_concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        client.close()
     assert settings.worker.draft_concurrency > 100 and errors == [], errors[:3]

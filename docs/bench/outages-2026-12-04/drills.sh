@@ -4,6 +4,7 @@ export MIRROR_SD_DATABASE_URL=sqlite:////tmp/drill.db
 export MIRROR_SD_GATEWAY__AUTH_DISABLED=true
 rm -f /tmp/drill.db
 PY=/work/main/.venv/bin/python
+mkdir -p /tmp/prof
 setsid $PY -m services.cli up --port 8094 > /tmp/up-drill.log 2>&1 &
 for i in $(seq 1 600); do grep -q "ready. Try" /tmp/up-drill.log && break; sleep 1; done
 PRIV=$(grep -o "export MIRROR_SD_REDIS_URL=[^ ]*" /tmp/up-drill.log | head -1 | cut -d= -f2)
