@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
+from sqlalchemy.exc import OperationalError as DatabaseUnavailable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,6 +82,15 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.warning("redis: %s: %s", type(exc).__name__, exc)
         return JSONResponse(error_body(503, f"the queue is unavailable ({type(exc).__name__}); retry shortly"),
                             status_code=503, headers={"Retry-After": "2"})
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def _database_error(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        """The database restarting, unreachable or locked past its timeout: an outage, as for Redis. A request is
+        refused before anything of it was sent (its row is written first), so nothing is lost."""
+        count(request, 503)
+        logger.warning("database: %s", exc.orig if exc.orig is not None else exc)
+        return JSONResponse(error_body(503, f"the database is unavailable ({type(exc.orig or exc).__name__}); "
+                                            "retry shortly"), status_code=503, headers={"Retry-After": "2"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -1,10 +1,10 @@
-"""Redis away for a moment, or busy with a burst, as an operator meets it (a `mirror-sd drill chaos
---restart-redis` and a 500-request `drill burst` found each of these): sending a session's task waits out a short
-restart, a broker away for longer is a 503 with Retry-After (never a 500), and a draft worker's task threads can
-all block on Redis at once.
+"""Redis or the database away for a moment, or Redis busy with a burst, as an operator meets them (a `mirror-sd
+drill chaos --restart-redis` and a 500-request `drill burst` found the Redis ones): sending a session's task waits
+out a short restart, a broker or a database away for longer is a 503 with Retry-After (never a 500), and a draft
+worker's task threads can all block on Redis at once.
 
-Real Redis servers (the machine's, and a private one that is stopped and started), a real gateway app and real
-Celery apps."""
+Real Redis servers (the machine's, and a private one that is stopped and started), a real gateway app, real
+Celery apps, and a real database connection refused."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from services.celery_app import create_celery_app
 from services.config import Settings
 from services.protocol import Heartbeat, heartbeat_key
 from services.stack import PrivateRedis, free_port
-from services.storage.db import init_db
+from services.protocol import verify_pool_queue
+from services.storage.db import create_db_engine, init_db, session_factory
 
 QUEUE = "draft.cpu"
 
@@ -52,25 +53,48 @@ def test_a_session_task_sent_while_redis_restarts_waits_for_it_and_is_delivered(
     assert b"during" in queued  # ... and the task is there for a draft worker
 
 
-def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redis_url):
+def serving(tmp_path, redis_url) -> tuple[Settings, redis.Redis]:
+    """Settings of a gateway over a real SQLite file and `redis_url`, where a verify and a draft worker
+    heartbeat (so a request goes as far as starting its session)."""
     database_url = f"sqlite:///{tmp_path / 'outage.db'}"
     init_db(database_url)
-    settings = Settings(redis_url=redis_url, database_url=database_url, gateway={"auth_disabled": True})
     client = redis.Redis.from_url(redis_url)
     for worker_id, role in (("verify-cpu-0", "verify"), ("draft-cpu", "draft")):
         client.set(heartbeat_key(worker_id), Heartbeat(worker_id=worker_id, role=role, pool="cpu").encode(),
                    px=30_000)
+    return Settings(redis_url=redis_url, database_url=database_url, gateway={"auth_disabled": True}), client
+
+
+HELLO = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redis_url):
+    settings, _ = serving(tmp_path, redis_url)
     with TestClient(create_app(settings)) as http:
         # the session's task goes to a broker nobody answers (the spec's Redis answers): a real refusal
         away = create_celery_app(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
         away.conf.task_publish_retry_policy = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.1,
                                                "interval_max": 0.1}
         http.app.state.gateway.celery = away
-        answer = http.post("/v1/chat/completions", json={
-            "model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        answer = http.post("/v1/chat/completions", json=HELLO)
     assert answer.status_code == 503, answer.text
     message = answer.json()["error"]["message"]
     assert answer.headers["Retry-After"] and message == "the queue is unavailable (ConnectionError); retry shortly"
+
+
+def test_a_database_away_is_a_503_with_retry_after_and_nothing_of_the_request_is_sent(tmp_path, redis_url):
+    """A PostgreSQL restart (or SQLite locked past its timeout) while a request starts: its row is written first,
+    so it is refused before its spec or any block or task reaches Redis. It was a 500."""
+    settings, client = serving(tmp_path, redis_url)
+    with TestClient(create_app(settings)) as http:
+        down = create_db_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/test")  # nothing listens there
+        http.app.state.gateway.db = session_factory(down)
+        answer = http.post("/v1/chat/completions", json=HELLO)
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert answer.headers["Retry-After"] and message == "the database is unavailable (OperationalError); retry shortly"
+    assert client.keys("mirror-sd:request:*") == [] and client.llen(verify_pool_queue("cpu")) == 0
+    assert client.llen(QUEUE) == 0
 
 
 def test_every_task_thread_of_a_draft_worker_can_block_on_redis_at_once(redis_url):
