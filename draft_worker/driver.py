@@ -94,11 +94,6 @@ class SessionHandle:
     done: threading.Event = field(default_factory=threading.Event)
     summary: SessionSummary | None = None
     error: str | None = None
-    snapshot: dict = field(default_factory=dict)  # progress, written by the driver thread only
-
-    def progress(self) -> dict:
-        """The session's progress as of its last verdict (task threads never read the session itself)."""
-        return dict(self.snapshot)
 
 
 class SessionDriver(threading.Thread):
@@ -333,7 +328,6 @@ class SessionDriver(threading.Thread):
             self.meter.observe_round(session.last_trip, chained=session.last_chained)
         if session.last_trip is not None:
             self._verify_ms = smoothed(self._verify_ms, session.last_trip.verify_ms)
-        handle.snapshot = session.progress()
         if finished:
             self._finish(handle)
         elif session.in_flight is None:  # else the verify worker is on the block sent after this one
@@ -544,16 +538,16 @@ class SessionDriver(threading.Thread):
                     error or session.finish_reason, extra={"request_id": session.request_id})
         handle.done.set()
 
-    def drive(self, session: DraftSession, on_tick: Callable[[dict], None] | None = None,
+    def drive(self, session: DraftSession, on_tick: Callable[[], None] | None = None,
               every_s: float = 2.0) -> SessionSummary:
-        """From a task thread: run `session` to its end, calling on_tick(progress) every every_s (lease
-        renewal, task progress state); raises SessionFailed when it cannot finish."""
+        """From a task thread: run `session` to its end, calling on_tick() every every_s (the lease's renewal);
+        raises SessionFailed when it cannot finish."""
         handle = self.submit(session)
         while not handle.done.wait(every_s):
             if on_tick is not None:
                 try:
-                    on_tick(handle.progress())
-                except Exception:  # a missed lease renewal or progress report is retried next tick
+                    on_tick()
+                except Exception:  # a missed lease renewal is retried next tick
                     logger.exception("request %s: tick failed", session.request_id,
                                      extra={"request_id": session.request_id})
         if handle.error is not None:

@@ -189,7 +189,7 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
     if not _acquire_lease(runtime, request_id):
         return {"request_id": request_id, "finish_reason": "already_finished"}
 
-    def tick(_progress: dict) -> None:  # off the hot path: the driver thread never waits on this
+    def tick() -> None:  # off the hot path: the driver thread never waits on this
         client.set(protocol.lease_key(request_id), runtime.instance, ex=LEASE_TTL_S)
 
     try:

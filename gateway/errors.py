@@ -75,22 +75,24 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = _describe(exc)
         return JSONResponse(error_body(400, message, param), status_code=400)
 
+    def unavailable(request: Request, what: str, cause: BaseException) -> JSONResponse:
+        """An outage (what is away, and the error that says so), not a bug in the request: 503 and when to come
+        back."""
+        count(request, 503)
+        logger.warning("%s unavailable: %s: %s", what, type(cause).__name__, cause)
+        return JSONResponse(error_body(503, f"the {what} is unavailable ({type(cause).__name__}); retry shortly"),
+                            status_code=503, headers={"Retry-After": "2"})
+
     @app.exception_handler(redis.RedisError)
     async def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        """Redis busy or away is load or an outage, not a bug in the request: 503 and when to come back."""
-        count(request, 503)
-        logger.warning("redis: %s: %s", type(exc).__name__, exc)
-        return JSONResponse(error_body(503, f"the queue is unavailable ({type(exc).__name__}); retry shortly"),
-                            status_code=503, headers={"Retry-After": "2"})
+        """Redis busy or away."""
+        return unavailable(request, "queue", exc)
 
     @app.exception_handler(DatabaseUnavailable)
     async def _database_error(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
-        """The database restarting, unreachable or locked past its timeout: an outage, as for Redis. A request is
-        refused before anything of it was sent (its row is written first), so nothing is lost."""
-        count(request, 503)
-        logger.warning("database: %s", exc.orig if exc.orig is not None else exc)
-        return JSONResponse(error_body(503, f"the database is unavailable ({type(exc.orig or exc).__name__}); "
-                                            "retry shortly"), status_code=503, headers={"Retry-After": "2"})
+        """The database restarting, unreachable or locked past its timeout. A request is refused before anything
+        of it was sent (its row is written first), so nothing is lost."""
+        return unavailable(request, "database", exc.orig if exc.orig is not None else exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

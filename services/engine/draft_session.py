@@ -482,13 +482,3 @@ class DraftSession:
         if self.drafter is not None:
             self.drafter.release()
 
-    def progress(self) -> dict:
-        return {
-            "request_id": self.request_id,
-            "tokens": self.num_output,
-            "rounds": self.round,
-            "acceptance_rate": self.stats.acceptance_rate,
-            "mean_acceptance_length": self.stats.mean_acceptance_length,
-            "num_draft_tokens": self.controller.num_draft_tokens,
-            "plain_reason": self.controller.fallback_reason if self.controller.fallen_back else None,
-        }
