@@ -55,7 +55,7 @@ from services.engine.draft_pipeline import SpeculationState, prefill, speculate_
 from services.engine.draft_session import DraftSession, SessionSummary
 from services import protocol
 from draft_worker.inbox import InboxListener
-from draft_worker.outbox import Job, Outbox, Outcome
+from draft_worker.outbox import Job, Outbox
 from services.link.meter import LinkMeter, smoothed
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many

@@ -98,7 +98,8 @@ def load_served_model(settings: Settings) -> ServedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     from services.models.loading import resolve_model_dir
-    from services.models.random_shapes import MAX_CONTEXT, is_random_spec, random_target_vocab
+    from services.models.random_shapes import random_target_vocab
+    from services.models.random_spec import MAX_CONTEXT, is_random_spec
     from services.synthetic import synthetic_label
 
     name = settings.gateway.model_name or settings.target

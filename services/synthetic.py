@@ -13,8 +13,8 @@ import logging
 
 import redis
 
-from services.models.drafters.synthetic import ReferenceBook, is_synthetic_spec, parse_synthetic_spec, prompt_digest
-from services.models.random_shapes import is_random_spec, parse_random_spec
+from services.models.synthetic_spec import ReferenceBook, is_synthetic_spec, parse_synthetic_spec, prompt_digest
+from services.models.random_spec import is_random_spec, parse_random_spec
 from services.protocol import SYNTHETIC_REFERENCES_KEY, SYNTHETIC_REFERENCES_TTL_S, SyntheticReference
 from services.redis_conn import connect
 

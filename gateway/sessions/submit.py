@@ -23,7 +23,7 @@ from gateway.sessions.single_flight import Flight, flight_key
 from gateway.fleet.workers import drafts_locally, live_workers, missing_roles, opens_sessions
 from services.celery_app import PRIORITY_LEVELS
 from services.engine.stopping import StopStrings
-from services.engine.target import check_request_fits
+from services.engine.context import check_request_fits
 from services.errors import ContextLengthError
 from services.logs import bind_request
 from services.protocol import (

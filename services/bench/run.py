@@ -19,7 +19,7 @@ from services.config import Settings
 from services.engine import GenerationOptions, GenerationResult, generate
 from services.engine.profile import measure_cost_model, measure_verify_profile
 from services.models.drafters import load_draft_source
-from services.models.drafters.synthetic import ReferenceBook
+from services.models.synthetic_spec import ReferenceBook
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_prompt
 from services.speculative.cost_model import CostModel

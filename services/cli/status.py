@@ -15,6 +15,8 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     import json as json_lib
     import time
 
+    import redis
+
     from services.config import get_settings
     from services.link.control import read_link
     from services.protocol import DRAFT_LINK
@@ -25,10 +27,15 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     url = get_settings().redis_url
     client = connect(url)
     redis_line = describe_redis(url)
-    beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
-    table = read_routing_table(client)
-    children = read_children(client)
-    link = read_link(client, DRAFT_LINK)
+    try:
+        beats = sorted(read_heartbeats(client), key=lambda b: (b.role, b.pool, b.worker_id))
+        table = read_routing_table(client)
+        children = read_children(client)
+        link = read_link(client, DRAFT_LINK)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # nothing to show: one line, not a traceback
+        typer.echo(f"Error: cannot reach Redis at {redis_line} ({exc}); is the stack up? "
+                   "(MIRROR_SD_REDIS_URL names the Redis to read)", err=True)
+        raise typer.Exit(code=1) from None
     if as_json:
         typer.echo(json_lib.dumps({"redis": redis_line, "workers": [b.to_dict() for b in beats],
                                    "routing": table.to_dict() if table else None,

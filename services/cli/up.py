@@ -113,8 +113,8 @@ def up(
 def _say_synthetic(settings) -> None:
     """A random-weight target or a synthetic draft, said at the front before anything starts (a bad spec exits
     2 naming it)."""
-    from services.models.drafters.synthetic import is_synthetic_spec, parse_synthetic_spec
-    from services.models.random_shapes import is_random_spec, parse_random_spec
+    from services.models.synthetic_spec import is_synthetic_spec, parse_synthetic_spec
+    from services.models.random_spec import is_random_spec, parse_random_spec
     from services.synthetic import describe_label, synthetic_label
 
     try:

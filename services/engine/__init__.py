@@ -1,8 +1,11 @@
-"""The in-process engine: a target session, a drafter, one round at a time."""
+"""The in-process engine: a target session, a drafter, one round at a time. Names load on first use, so that
+the engine's light parts (stop strings, context checks) are read without loading a model's code."""
 
-from services.engine.generate import GenerationResult, generate
-from services.engine.options import GenerationOptions
-from services.engine.session import GenerationSession
-from services.engine.target import TargetSession
+import lazy_loader
 
-__all__ = ["GenerationOptions", "GenerationResult", "GenerationSession", "TargetSession", "generate"]
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "generate": ["GenerationResult", "generate"],
+    "options": ["GenerationOptions"],
+    "session": ["GenerationSession"],
+    "target": ["TargetSession"],
+})

@@ -39,7 +39,7 @@ from services.models.decoder import ForwardRow
 from services.models.kv_store import SequenceKV
 from services.models.drafters.batched import DraftCall, propose_many
 from services.models.drafters.factory import DraftSource
-from services.models.drafters.synthetic import parse_synthetic_spec
+from services.models.synthetic_spec import parse_synthetic_spec
 from services.models.loading import LoadedModel
 from services.speculative.cost_model import CostModel
 from services.speculative.params import SamplingParams
@@ -312,10 +312,11 @@ def measure_kv_share(engine: TargetEngine, *, rows: int = 16, num_tokens: int = 
     num_tokens over context_tokens each."""
     sequences = _prefilled(engine, rows, context_tokens)
     try:
-        _time_step(engine, sequences, num_tokens, 1)  # warm up untimed
+        _time_step_once(engine, sequences, num_tokens)  # warm up untimed
         with timed_kv_calls() as spent:
             started = time.perf_counter()
-            _time_step(engine, sequences, num_tokens, repeats - 1)
+            for _ in range(repeats):
+                _time_step_once(engine, sequences, num_tokens)
             total = time.perf_counter() - started
     finally:
         for sequence in sequences:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from services.engine.options import GenerationOptions
 from services.engine.stopping import OutputState
-from services.engine.target import TargetSession, check_request_fits, run_step
+from services.engine.context import check_request_fits
+from services.engine.target import TargetSession, run_step
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.batched import bound_draft_context

@@ -28,28 +28,13 @@ import torch
 
 from services.engine.stopping import OutputState
 from services.models.engine import TargetEngine
-from services.errors import ContextLengthError
+from services.engine.context import check_request_fits
 from services.models.decoder import ForwardRow
 from services.speculative.params import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 from services.speculative.verification import Verification, verify_block
 
 logger = logging.getLogger(__name__)
-
-
-def check_request_fits(model_name: str, max_context: int, num_prompt_tokens: int, max_new_tokens: int = 0) -> None:
-    """The one context-window rule, used by the engine and by the gateway before any worker sees a request."""
-    if num_prompt_tokens == 0:
-        raise ValueError("prompt is empty: need at least one token")
-    if num_prompt_tokens >= max_context:
-        raise ContextLengthError(
-            f"prompt of {num_prompt_tokens} tokens does not fit {model_name!r}'s context of {max_context} tokens"
-        )
-    if num_prompt_tokens + max_new_tokens > max_context:
-        raise ContextLengthError(
-            f"prompt of {num_prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds "
-            f"{model_name!r}'s context of {max_context} tokens"
-        )
 
 
 @dataclass

@@ -1,5 +1,8 @@
-"""Model loading (HF id, local directory, GGUF, built-in alias), precision, drafters."""
+"""Model loading (HF id, local directory, GGUF, built-in alias), precision, drafters. Names load on first use:
+the model specs and shapes are read by processes that load no model."""
 
-from services.models.loading import LoadedModel, check_same_tokenizer, load_model
+import lazy_loader
 
-__all__ = ["LoadedModel", "check_same_tokenizer", "load_model"]
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "loading": ["LoadedModel", "check_same_tokenizer", "load_model"],
+})

@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shlex
 import shutil
 import subprocess

@@ -95,7 +95,8 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.config import get_settings
-    from services.models.random_shapes import is_random_spec, load_random_model
+    from services.models.random_shapes import load_random_model
+    from services.models.random_spec import is_random_spec
 
     # Run-time loads never touch the network, whatever the caller's environment.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,7 +147,8 @@ def load_target_vocab(spec: str, *, cache_dir: Path | None = None) -> TargetVoca
     from transformers import AutoConfig, AutoTokenizer
 
     from services.config import get_settings
-    from services.models.random_shapes import is_random_spec, random_target_vocab
+    from services.models.random_shapes import random_target_vocab
+    from services.models.random_spec import is_random_spec
 
     if is_random_spec(spec):
         return random_target_vocab(spec)

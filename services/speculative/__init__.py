@@ -1,18 +1,14 @@
-"""Speculative-decoding math: pure functions, tensors in, tensors out."""
+"""Speculative-decoding math: pure functions, tensors in, tensors out.
 
-from services.speculative.block_length import BlockLengthController
-from services.speculative.params import SamplingParams
-from services.speculative.sampling import sample_from_probs, warp_logits
-from services.speculative.stats import SpecDecodingStats
-from services.speculative.verification import Verification, greedy_verify, rejection_sample
+Names load on first use (lazy_loader): the wire types beside the math (SamplingParams, SpecDecodingStats) are read
+by processes that never touch a tensor (the gateway, the CLI), and must not pull torch in with them."""
 
-__all__ = [
-    "BlockLengthController",
-    "SamplingParams",
-    "SpecDecodingStats",
-    "Verification",
-    "greedy_verify",
-    "rejection_sample",
-    "sample_from_probs",
-    "warp_logits",
-]
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "block_length": ["BlockLengthController"],
+    "params": ["SamplingParams"],
+    "sampling": ["sample_from_probs", "warp_logits"],
+    "stats": ["SpecDecodingStats"],
+    "verification": ["Verification", "greedy_verify", "rejection_sample"],
+})

@@ -9,7 +9,6 @@ queued, for as long as the test needs, whatever the machine's speed."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from contextlib import ExitStack, contextmanager

@@ -80,3 +80,22 @@ def test_a_llama_cpp_draft_is_keyed_by_its_gguf_threads_and_slots(builtin_target
                               llamacpp=LlamaCppSettings(num_sequences=8, context_tokens=256))
     assert key(one) == key(again)
     assert len({key(one), key(two), key(slots)}) == 3
+
+
+def test_the_kv_share_times_its_steps_and_releases_its_rows(monkeypatch):
+    """`models step-profile --breakdown`: one untimed step, then `repeats` timed ones, each reading the KV store;
+    the rows it prefilled are given back."""
+    engine = TorchEngine(build_tiny_llama(0))
+    steps = []
+    time_step_once = profiles._time_step_once
+
+    def counting(engine, sequences, num_tokens):
+        steps.append((len(sequences), num_tokens))
+        return time_step_once(engine, sequences, num_tokens)
+
+    monkeypatch.setattr(profiles, "_time_step_once", counting)
+    share = profiles.measure_kv_share(engine, rows=3, num_tokens=2, context_tokens=12, repeats=4)
+    assert steps == [(3, 2)] * 5
+    assert share["step_ms"] > 0 and share["kv_ms"] > 0 and 0 < share["kv_share"] < 1, share
+    assert share["kv_ms"] < share["step_ms"]
+    assert engine.store.used_bytes == 0

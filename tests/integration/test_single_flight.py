@@ -4,7 +4,6 @@ stack (tiny target, real worker processes, real HTTP): one generation, every cli
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time

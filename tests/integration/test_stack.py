@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from services.engine import GenerationOptions, generate
-from services.gateway_client import DONE
 from services.models.drafters import DraftSource
 from services.models.tokenization import encode_prompt
 from services.protocol import DRAFT_TIMING_KEY

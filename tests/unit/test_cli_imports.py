@@ -77,3 +77,29 @@ def test_a_bad_setting_is_one_line_naming_its_variable(variable, value, named):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("Error: invalid settings: ") and named in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# The modules of processes that run no model. `import transformers` brings torch with it (transformers 5), so the
+# gateway's tokenizer still does when it loads; importing its code, and the status and drill commands, must not.
+LIGHT = ("gateway.app", "telemetry.main", "services.cli.status", "services.cli.drill", "services.synthetic",
+         "services.models.random_spec", "services.models.synthetic_spec", "services.protocol")
+
+
+@pytest.mark.parametrize("module", LIGHT)
+def test_a_process_that_runs_no_model_imports_no_torch(module):
+    loaded = _python("-c", f"import sys, {module}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))")
+    assert loaded.strip() == "[]", f"{module} imports {loaded.strip()}"
+
+
+def test_status_without_redis_is_one_line_and_loads_no_model_code():
+    """`mirror-sd status` (an operator's first command) on a Redis nobody runs: one line naming it, exit 1, no
+    traceback; and no torch or transformers (seconds to import) on the way."""
+    done = _run("-c", "import sys, runpy; sys.argv = ['mirror-sd', 'status']\n"
+                      "try:\n    runpy.run_module('services.cli', run_name='__main__')\n"
+                      "except SystemExit as exc:\n    print('exit', exc.code)\n"
+                      "print(sorted({'torch', 'transformers'} & set(sys.modules)))",
+                MIRROR_SD_REDIS_URL="redis://:hunter2@127.0.0.1:1/0")
+    assert done.stdout.splitlines() == ["exit 1", "[]"], done.stdout + done.stderr
+    assert done.stderr.startswith("Error: cannot reach Redis at primary 127.0.0.1:1 ") and "MIRROR_SD_REDIS_URL" in \
+        done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "hunter2" not in done.stderr, done.stderr

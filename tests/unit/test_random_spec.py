@@ -2,7 +2,8 @@
 
 import pytest
 
-from services.models.random_shapes import SHAPES, RandomSpec, parse_random_spec, random_target_vocab
+from services.models.random_shapes import random_target_vocab
+from services.models.random_spec import SHAPES, RandomSpec, parse_random_spec
 from services.models.random_tokenizer import random_tokenizer
 from services.models.tokenization import encode_messages
 

@@ -2,13 +2,9 @@
 
 import pytest
 
-from services.models.drafters.synthetic import (
-    ReferenceBook,
-    SyntheticDrafter,
-    SyntheticSpec,
-    parse_synthetic_spec,
-)
-from services.models.random_shapes import parse_random_spec
+from services.models.drafters.synthetic import SyntheticDrafter
+from services.models.synthetic_spec import ReferenceBook, SyntheticSpec, parse_synthetic_spec
+from services.models.random_spec import parse_random_spec
 from services.speculative.params import SamplingParams
 from services.synthetic import describe_label, synthetic_label, worker_synthetic
 

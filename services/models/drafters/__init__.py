@@ -1,8 +1,10 @@
-"""Interchangeable drafters: one interface, per-session state, shared weights."""
+"""Interchangeable drafters: one interface, per-session state, shared weights. Names load on first use."""
 
-from services.models.drafters.base import DraftProposal, Drafter
-from services.models.drafters.factory import DraftSource, load_draft_source
-from services.models.drafters.model import ModelDrafter, SelfDrafter
-from services.models.drafters.ngram import NgramDrafter
+import lazy_loader
 
-__all__ = ["DraftProposal", "DraftSource", "Drafter", "ModelDrafter", "NgramDrafter", "SelfDrafter", "load_draft_source"]
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "base": ["DraftProposal", "Drafter"],
+    "factory": ["DraftSource", "load_draft_source"],
+    "model": ["ModelDrafter", "SelfDrafter"],
+    "ngram": ["NgramDrafter"],
+})

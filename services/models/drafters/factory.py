@@ -30,12 +30,8 @@ from services.models.drafters.gguf import GGUF_PREFIX, is_gguf_spec, load_gguf_e
 from services.models.drafters.model import ModelDrafter
 from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.ngram import NgramDrafter
-from services.models.drafters.synthetic import (
-    SYNTHETIC_PREFIX,
-    ReferenceBook,
-    SyntheticDrafter,
-    parse_synthetic_spec,
-)
+from services.models.drafters.synthetic import SyntheticDrafter
+from services.models.synthetic_spec import SYNTHETIC_PREFIX, ReferenceBook, parse_synthetic_spec
 from services.models.llamacpp import LLAMA_CPP_PACKAGE, llama_cpp_available
 from services.models.loading import LoadedModel, TargetVocab, check_same_tokenizer, load_model
 from services.models.precision import PRECISIONS

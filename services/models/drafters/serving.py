@@ -16,7 +16,7 @@ from services.models.drafters.factory import (
     needs_target_weights,
     resolve_draft_spec,
 )
-from services.models.drafters.synthetic import is_synthetic_spec, parse_synthetic_spec
+from services.models.synthetic_spec import is_synthetic_spec, parse_synthetic_spec
 from services.models.llamacpp_check import LlamaCppFaultError
 from services.models.loading import LoadedModel
 from services.protocol import DraftFallback
