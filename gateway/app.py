@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.gateway = state
         warm_up(state)
-        # Everything loaded so far (the tokenizer, transformers, torch's modules) lives as long as the process: out
+        # Everything loaded so far (the tokenizer, the chat template, the app's modules) lives as long as the process: out
         # of the collector's sight, a burst's garbage collections stop walking it (pauses of 100s of ms at once).
         gc.collect()
         gc.freeze()

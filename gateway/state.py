@@ -94,27 +94,26 @@ class GatewayState:
 
 
 def load_served_model(settings: Settings) -> ServedModel:
-    """Tokenizer and context size only: the gateway never loads weights."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from services.models.loading import resolve_model_dir
-    from services.models.random_shapes import random_target_vocab
-    from services.models.random_spec import MAX_CONTEXT, is_random_spec
+    """Tokenizer and context size only: the gateway never loads weights, nor (for folders transformers 5 saved,
+    the built-in model's included) any model code (services/models/tokenizer_loading.py)."""
+    from services.models.locate import resolve_model_dir
+    from services.models.random_spec import MAX_CONTEXT, SHAPES, is_random_spec, parse_random_spec
+    from services.models.random_tokenizer import random_tokenizer
+    from services.models.tokenizer_loading import load_tokenizer, max_context
     from services.synthetic import synthetic_label
 
     name = settings.gateway.model_name or settings.target
     label = synthetic_label(settings.target, settings.draft)
     if is_random_spec(settings.target):  # random weights: the tokenizer is built, not loaded
-        vocab = random_target_vocab(settings.target)
-        return ServedModel(name=name, aliases=frozenset({name, settings.target, vocab.name}),
-                           tokenizer=vocab.tokenizer, max_context=MAX_CONTEXT, synthetic=label)
+        parsed = parse_random_spec(settings.target)
+        tokenizer = random_tokenizer(SHAPES[parsed.shape]["vocab_size"])
+        return ServedModel(name=name, aliases=frozenset({name, settings.target, parsed.name}),
+                           tokenizer=tokenizer, max_context=MAX_CONTEXT, synthetic=label)
     display_name, source = resolve_model_dir(settings.target, settings.cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    config = AutoConfig.from_pretrained(source, local_files_only=True)
     return ServedModel(
         name=name,
         aliases=frozenset({name, settings.target, display_name}),
-        tokenizer=tokenizer,
-        max_context=int(getattr(config, "max_position_embeddings", 2048)),
+        tokenizer=load_tokenizer(source),
+        max_context=max_context(source),
         synthetic=label,
     )

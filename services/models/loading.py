@@ -7,7 +7,6 @@ clear `ModelNotFoundError`, never a hang on the network.
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -17,7 +16,9 @@ import torch
 from torch import nn
 
 from services.errors import ModelNotFoundError, TokenizerMismatchError
-from services.models.builtin import BUILTIN_MODELS, convert_builtin, convert_gguf
+from services.models.builtin import BUILTIN_MODELS
+from services.models.locate import resolve_model_dir
+from services.models.tokenizer_loading import load_tokenizer
 from services.models.precision import apply_precision
 
 logger = logging.getLogger(__name__)
@@ -61,29 +62,6 @@ class LoadedModel:
         return LoadedModel(f"{self.name}@{precision}", model, self.tokenizer, precision, self.device, self.layout)
 
 
-def _gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir / "models" / f"{gguf_path.stem}-{key}"
-
-
-def resolve_model_dir(spec: str, cache_dir: Path) -> tuple[str, str]:
-    """-> (display name, what to pass to from_pretrained). Converts GGUF files on first use."""
-    if spec in BUILTIN_MODELS:
-        builtin = BUILTIN_MODELS[spec]
-        return builtin.display_name, str(convert_builtin(builtin, cache_dir))
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path.stem, str(convert_gguf(path, _gguf_cache_dir(path, cache_dir), path.stem))
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"model directory {spec!r} has no config.json")
-        return path.name, str(path)
-    if path.exists() or spec.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"model path {spec!r} is neither a model directory nor a .gguf file")
-    return spec, spec  # a Hugging Face id, looked up in the local cache only
-
-
 def load_model(
     spec: str,  # also `random:<shape>[:<seed>]`: random weights (services/models/random_shapes.py)
     *,
@@ -92,7 +70,7 @@ def load_model(
     cache_dir: Path | None = None,
     layout: str | None = None,
 ) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from services.config import get_settings
     from services.models.random_shapes import load_random_model
@@ -115,7 +93,7 @@ def load_model(
             f"file, or a Hugging Face id in the local cache (Mirror-SD never downloads at run time)"
         ) from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = load_tokenizer(source)
     except (OSError, ValueError, TypeError):
         logger.warning("model %s has no tokenizer; it accepts token ids only", spec)
         tokenizer = None
@@ -144,7 +122,7 @@ class TargetVocab:
 def load_target_vocab(spec: str, *, cache_dir: Path | None = None) -> TargetVocab:
     """The target's tokenizer and vocabulary size without its weights (a draft worker that drafts with
     llama.cpp never runs the target)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from services.config import get_settings
     from services.models.random_shapes import random_target_vocab
@@ -159,7 +137,7 @@ def load_target_vocab(spec: str, *, cache_dir: Path | None = None) -> TargetVoca
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"model {spec!r} not found (Mirror-SD never downloads at run time)") from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = load_tokenizer(source)
     except (OSError, ValueError, TypeError):
         tokenizer = None
     return TargetVocab(name, tokenizer, int(config.vocab_size))

@@ -79,8 +79,8 @@ def test_a_bad_setting_is_one_line_naming_its_variable(variable, value, named):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-# The modules of processes that run no model. `import transformers` brings torch with it (transformers 5), so the
-# gateway's tokenizer still does when it loads; importing its code, and the status and drill commands, must not.
+# The modules of processes that run no model: importing them loads neither torch nor transformers. (The gateway's
+# tokenizer loads transformers' tokenizer module, still without torch: tests/unit/test_tokenizer_loading.py.)
 LIGHT = ("gateway.app", "telemetry.main", "services.cli.status", "services.cli.drill", "services.synthetic",
          "services.models.random_spec", "services.models.synthetic_spec", "services.protocol")
 
