@@ -84,6 +84,15 @@ class VerifySession:
         return self.has_work or (self.local is not None and not self.target.finished)
 
     @property
+    def drafts_now(self) -> bool:
+        """A remote speculative session whose draft may be drafting for it: any but one holding target-only
+        rounds after round 0 (rounds the load or a fallback asked for: its draft waits for their verdict)."""
+        if self.local is not None or self.spec.route != "sd" or self.target.finished:
+            return False
+        block = self.block
+        return block is None or bool(block.draft_ids) or block.round == 0
+
+    @property
     def keeps_a_draft_busy(self) -> bool:
         """A draft worker drafts for it now, or will at its next verdict: a remote speculative session, unless the
         block in hand is target-only rounds after round 0 (the draft waits for their verdict; it speculates only

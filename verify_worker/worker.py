@@ -42,6 +42,7 @@ import torch
 from services import protocol
 from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, run_step
+from services.engine.wide_steps import WIDE_MIN_TOKENS
 from services.link.meter import smoothed
 from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
@@ -64,10 +65,6 @@ logger = logging.getLogger(__name__)
 EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
 CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
 IDLE_SESSION_S = 600.0  # a session with no block for this long is dropped (its draft side is gone)
-# The fewest tokens a step feeds for it to go wide: fewer are bound by memory, not compute, and a second thread
-# only adds its wait (2-core EPYC, 1 vs 2 threads: 1 row of 1 token 47 vs 52 ms, 4x1 79 vs 97, 16x1 144 vs 120,
-# 2x9 135 vs 107, a 128-token prefill chunk about 1.7x faster)
-WIDE_MIN_TOKENS = 16
 COMMITTED_EXPIRE_S = 5.0  # how often the record of committed events forgets requests no longer held
 
 
@@ -87,6 +84,7 @@ class VerifyWorker:
         local: LocalDrafting | None = None,
         recorder: Recorder | None = None,
         wide_threads: int | None = None,
+        plain_wide_min_tokens: int = WIDE_MIN_TOKENS,
         draft_after_opening: bool = False,
     ) -> None:
         self.client = client
@@ -105,7 +103,10 @@ class VerifyWorker:
         # core of its own), wide_threads while none does (that core is idle then; settings.worker.wide_threads)
         self.threads = torch.get_num_threads()
         self.wide_threads = wide_threads if local is None else None  # co-located drafting has every core already
-        self.wide_min_tokens = WIDE_MIN_TOKENS
+        self.wide_min_tokens = WIDE_MIN_TOKENS  # the fewest tokens of a wide step
+        # ... while no session's draft may be drafting (VerifySession.drafts_now): timed here at start (services/
+        # engine/wide_steps.py); beside such a session a small wide step lost more than it gained
+        self.plain_wide_min_tokens = plain_wide_min_tokens
         # speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round
         self.draft_after_opening = draft_after_opening and local is None
         self.draft_word = DraftWord()  # the remote draft's last word on the load (verify_worker/draft_word.py)
@@ -454,13 +455,16 @@ class VerifyWorker:
 
     def _set_threads(self, num_tokens: int) -> bool:
         """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,
-        many rows) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
+        many rows; plain_wide_min_tokens while no session held may be drafting: the plain route, target-only rounds
+        after round 0) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
         draft fallen back, a wait on a draft whose last word at this load was target-only rounds: on one box the
         draft worker's core is idle then), else `threads`, so that the two never contend for a core (torch's
         threads wait on each other: one sharing its core with a busy process slows the whole step several-fold).
         True: this step is wide."""
+        fewest = self.wide_min_tokens if any(session.drafts_now for session in self.sessions) else \
+            min(self.wide_min_tokens, self.plain_wide_min_tokens)
         wide = self.wide_threads is not None and self.wide_threads != self.threads and \
-            num_tokens >= self.wide_min_tokens and not self._draft_busy()
+            num_tokens >= fewest and not self._draft_busy()
         wanted = self.wide_threads if wide else self.threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)

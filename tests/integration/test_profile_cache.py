@@ -99,3 +99,30 @@ def test_the_kv_share_times_its_steps_and_releases_its_rows(monkeypatch):
     assert share["step_ms"] > 0 and share["kv_ms"] > 0 and 0 < share["kv_share"] < 1, share
     assert share["kv_ms"] < share["step_ms"]
     assert engine.store.used_bytes == 0
+
+
+def test_wide_step_timings_are_taken_at_both_thread_counts_and_kept_only_when_measured_alone(tmp_path,
+                                                                                            monkeypatch):
+    from services.engine import wide_steps
+
+    engine = TorchEngine(build_tiny_llama(0))
+    before = torch.get_num_threads()
+    timings, share = wide_steps.measure_wide_steps(engine, threads=1, wide=2, repeats=1)
+    assert torch.get_num_threads() == before
+    assert set(timings) == {f"{label}_ms_{rows}" for label in ("narrow", "wide") for rows in wide_steps.WIDE_ROWS}
+    assert all(ms > 0 for ms in timings.values()) and 0 < share <= 1.5
+
+    measured = []
+    monkeypatch.setattr(wide_steps, "measure_wide_steps",
+                        lambda *args, **kwargs: (measured.append(1) or {"narrow_ms_1": 50.0, "wide_ms_1": 30.0},
+                                                 0.5))
+    # contended (half its threads' time on a core): neither used nor kept, measured again next time
+    assert wide_steps.cached_wide_steps(engine, tmp_path, threads=1, wide=2, max_rows=8) == {}
+    assert not list((tmp_path / "profiles").glob("wide-*.json")) and len(measured) == 1
+    monkeypatch.setattr(wide_steps, "KEEP_ABOVE_SHARE", 0.4)
+    kept = wide_steps.cached_wide_steps(engine, tmp_path, threads=1, wide=2, max_rows=8)
+    assert kept == {"narrow_ms_1": 50.0, "wide_ms_1": 30.0} and len(measured) == 2
+    assert wide_steps.cached_wide_steps(engine, tmp_path, threads=1, wide=2, max_rows=8) == kept
+    assert len(measured) == 2  # read back, not measured
+    assert wide_steps.cached_wide_steps(engine, tmp_path, threads=1, wide=4, max_rows=8) == kept
+    assert len(measured) == 3 and len(list((tmp_path / "profiles").glob("wide-*.json"))) == 2  # another key

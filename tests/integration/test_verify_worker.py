@@ -385,6 +385,26 @@ def test_only_a_step_big_enough_to_gain_from_a_second_core_borrows_it(client, wi
     assert turn_until(wide, lambda: finished(client, "p")) == [2, 1, 1]  # the prompt, then one token a step
 
 
+def test_a_small_step_borrows_the_draft_core_only_while_no_draft_may_be_drafting(client, wide):
+    """plain_wide_min_tokens (timed at start: services/engine/wide_steps.py) holds while no session's draft may
+    be drafting: the plain route, and target-only rounds after round 0 (its draft waits for their verdict).
+    Beside an opening or a drafted block, steps under wide_min_tokens stay on `threads`."""
+    wide.wide_min_tokens, wide.plain_wide_min_tokens = len(PROMPT), 1
+    submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], num_rounds=3, reply_to=REPLY).encode())
+    assert turn_until(wide, lambda: finished(client, "p")) == [2, 2, 2]  # one token a step, on both cores
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=16, ignore_eos=True))
+    answered = len(verdicts(client))  # p's
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    assert turn_until(wide, lambda: len(verdicts(client)) == answered + 1) == [1]  # the draft speculates meanwhile
+    client.rpush(verify_pool_queue("cpu"), block(1, verdicts(client)[-1].num_committed, num_rounds=3).encode())
+    assert turn_until(wide, lambda: len(verdicts(client)) == answered + 2) == [2, 2, 2]  # its draft waits
+    client.rpush(verify_pool_queue("cpu"), block(4, verdicts(client)[-1].num_committed, [3, 4]).encode())
+    assert set(turn_until(wide, lambda: len(verdicts(client)) == answered + 3)) == {1}  # drafted: it drafts on
+    assert wide.figures.counters.wide_steps == 6
+
+
 def test_a_draft_prefilling_after_the_opening_leaves_the_opening_every_core_and_the_worker_bridges_until_its_block(
         client, wide):
     """speculative.draft_prefill "after_opening" (one box): the opening round's prefill is wide, the worker decodes
