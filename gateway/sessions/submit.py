@@ -124,6 +124,8 @@ async def start(state: GatewayState, spec: SessionSpec, *, revive: bool = False)
                                     queue=draft_queue(state.settings.worker.pool), priority=spec.priority,
                                     task_id=spec.request_id, ignore_result=True)
         except BrokerError as exc:  # Redis away past the publish retries: an outage like any other Redis error
+            if spec.opened and not revive:  # its round 0 is at the verify pool already: no draft will follow it
+                await end_answer(state, None, spec.request_id, finished=False)
             raise redis.ConnectionError(f"sending the session's task: {exc}") from exc
         return
     block = DraftBlock(request_id=spec.request_id, round=0, num_committed=len(spec.prompt_ids), draft_ids=[],

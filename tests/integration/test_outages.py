@@ -19,9 +19,10 @@ from draft_worker.runtime import draft_client
 from gateway.app import create_app
 from services.celery_app import create_celery_app
 from services.config import Settings
-from services.protocol import Heartbeat, heartbeat_key
+from services.protocol import DraftBlock, Heartbeat, cancel_key, heartbeat_key
 from services.stack import PrivateRedis, free_port
 from services.protocol import verify_pool_queue
+from services.storage import crud
 from services.storage.db import create_db_engine, init_db, session_factory
 
 QUEUE = "draft.cpu"
@@ -37,7 +38,10 @@ def private_redis():
 def test_a_session_task_sent_while_redis_restarts_waits_for_it_and_is_delivered(private_redis):
     """kombu's own retry gives up after about 0.6 s; a restart takes longer (0.9 s in the drill)."""
     app = create_celery_app(Settings(redis_url=private_redis.url))
-    app.send_task("mirror_sd.draft.run_session", args=["warm"], queue=QUEUE, task_id="warm")  # connected once
+    # ignore_result, as the gateway sends it: no result subscription, which the server's stop at teardown would
+    # leave for a later test's garbage collection to close (20 s of reconnects, and a warning, there)
+    app.send_task("mirror_sd.draft.run_session", args=["warm"], queue=QUEUE, task_id="warm",
+                  ignore_result=True)  # connected once
     client = redis.Redis.from_url(private_redis.url)
     client.shutdown(nosave=False)
     private_redis.process.wait(timeout=10)
@@ -45,7 +49,8 @@ def test_a_session_task_sent_while_redis_restarts_waits_for_it_and_is_delivered(
     restarted.start()
     started = time.monotonic()
     try:
-        app.send_task("mirror_sd.draft.run_session", args=["during"], queue=QUEUE, task_id="during")
+        app.send_task("mirror_sd.draft.run_session", args=["during"], queue=QUEUE, task_id="during",
+                      ignore_result=True)
     finally:
         restarted.join()
     assert time.monotonic() - started >= 1.0  # it waited for the server ...
@@ -68,8 +73,13 @@ def serving(tmp_path, redis_url) -> tuple[Settings, redis.Redis]:
 HELLO = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 
 
-def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redis_url):
-    settings, _ = serving(tmp_path, redis_url)
+def test_a_broker_away_past_the_retries_is_a_503_with_retry_after_and_its_opened_session_is_cancelled(
+        tmp_path, redis_url):
+    """The gateway sends an opened session's round 0 before its task (SessionSpec.opened): when the task cannot
+    be sent, the round is at the verify pool already, so the request's cancellation must follow it."""
+    settings, client = serving(tmp_path, redis_url)
+    client.set(heartbeat_key("draft-cpu"), Heartbeat(worker_id="draft-cpu", role="draft", pool="cpu",
+                                                     plain_opening_tokens=1).encode(), px=30_000)  # it opens
     with TestClient(create_app(settings)) as http:
         # the session's task goes to a broker nobody answers (the spec's Redis answers): a real refusal
         away = create_celery_app(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
@@ -80,6 +90,11 @@ def test_a_broker_away_past_the_retries_is_a_503_with_retry_after(tmp_path, redi
     assert answer.status_code == 503, answer.text
     message = answer.json()["error"]["message"]
     assert answer.headers["Retry-After"] and message == "the queue is unavailable (ConnectionError); retry shortly"
+    opening = DraftBlock.decode(client.lindex(verify_pool_queue("cpu"), 0))
+    assert opening.round == 0 and client.llen(verify_pool_queue("cpu")) == 1
+    assert client.exists(cancel_key(opening.request_id))  # a verify worker taking it stops at its next look
+    with session_factory(create_db_engine(settings.database_url))() as session:
+        assert crud.get_request(session=session, request_id=opening.request_id).status == "cancelled"
 
 
 def test_a_database_away_is_a_503_with_retry_after_and_nothing_of_the_request_is_sent(tmp_path, redis_url):
