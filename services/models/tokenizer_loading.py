@@ -1,8 +1,8 @@
 """A model folder's tokenizer and context window, without the model's code.
 
 transformers' `AutoTokenizer` reads the model's config to pick a tokenizer class, and its config module imports
-torch: about 3 s and 400 MB in a process that never runs a model (the gateway). A folder that transformers 5
-saved (what `mirror-sd models prepare` and the GGUF conversion write) names its class in tokenizer_config.json;
+torch: about 2 s and 240 MB in a process that never runs a model (the gateway). A folder that transformers 5
+saved (the built-in model's, as `mirror-sd models prepare` converts it) names its class in tokenizer_config.json;
 when that class is the generic `TokenizersBackend` and no custom code is mapped, `AutoTokenizer` itself ends in
 `TokenizersBackend.from_pretrained` for that folder, so the same call is made here directly. Every other folder
 (an older save, a class of its own, remote code, a Hub id) goes through `AutoTokenizer` as before."""
