@@ -116,9 +116,10 @@ class WorkerSettings(BaseModel):
     wide_threads: int | None = Field(None, ge=1, description="verify workers: torch threads for a step of 16+ "
                                      "tokens (prefill chunks, many rows) while no draft worker drafts for any of "
                                      "its sessions (the plain route, target-only rounds, a fallen-back draft), "
-                                     "num_threads otherwise. On one box the draft "
-                                     "worker's core is idle then: `mirror-sd up` sets it to every core. None: "
-                                     "num_threads always")
+                                     "and for smaller plain steps from the size at which they were timed faster "
+                                     "so at start (services/engine/wide_steps.py); num_threads otherwise. On one "
+                                     "box the draft worker's core is idle then: `mirror-sd up` sets it to every "
+                                     "core. None: num_threads always")
     verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
     draft_concurrency: int = Field(128, ge=1, description="sessions one draft worker process drives at once (Celery "
                                    "task threads that only wait: one driver thread does the hot path for all)")
