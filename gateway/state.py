@@ -97,7 +97,7 @@ def load_served_model(settings: Settings) -> ServedModel:
     """Tokenizer and context size only: the gateway never loads weights, nor (for folders transformers 5 saved,
     the built-in model's included) any model code (services/models/tokenizer_loading.py)."""
     from services.models.locate import resolve_model_dir
-    from services.models.random_spec import MAX_CONTEXT, SHAPES, is_random_spec, parse_random_spec
+    from services.models.random_spec import MAX_CONTEXT, is_random_spec, parse_random_spec
     from services.models.random_tokenizer import random_tokenizer
     from services.models.tokenizer_loading import load_tokenizer, max_context
     from services.synthetic import synthetic_label
@@ -106,7 +106,7 @@ def load_served_model(settings: Settings) -> ServedModel:
     label = synthetic_label(settings.target, settings.draft)
     if is_random_spec(settings.target):  # random weights: the tokenizer is built, not loaded
         parsed = parse_random_spec(settings.target)
-        tokenizer = random_tokenizer(SHAPES[parsed.shape]["vocab_size"])
+        tokenizer = random_tokenizer(parsed.vocab_size)
         return ServedModel(name=name, aliases=frozenset({name, settings.target, parsed.name}),
                            tokenizer=tokenizer, max_context=MAX_CONTEXT, synthetic=label)
     display_name, source = resolve_model_dir(settings.target, settings.cache_dir)

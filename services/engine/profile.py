@@ -155,9 +155,8 @@ def profile_cache_key(target: LoadedModel, max_rows: int) -> str:
                  "sizes": list(STEP_SIZES), "verify": list(VERIFY_SIZES)})
 
 
-def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, float]:
-    """The profile stored at path, or measure() (then stored there, unless this process, running `threads`
-    threads, did not have its cores while it measured; path None: always measured)."""
+def read_cached(path: Path | None, what: str) -> dict[str, float] | None:
+    """A profile stored at path; None when there is none (or it cannot be read: measured again)."""
     if path is not None and path.is_file():
         try:
             profile = json.loads(path.read_text())
@@ -165,6 +164,22 @@ def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, fl
             return profile
         except ValueError:
             logger.warning("unreadable profile cache %s: measuring again", path)
+    return None
+
+
+def keep(path: Path, profile: dict[str, float]) -> None:
+    """Store a profile at path, atomically: two workers starting at once never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(profile))
+    temporary.replace(path)
+
+
+def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, float]:
+    """The profile stored at path, or measure() (then stored there, unless this process, running `threads`
+    threads, did not have its cores while it measured; path None: always measured)."""
+    if (profile := read_cached(path, what)) is not None:
+        return profile
     started, cpu_started = time.perf_counter(), time.process_time()
     profile = measure()
     wall_s = time.perf_counter() - started
@@ -176,10 +191,7 @@ def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, fl
                        "threads' time on a core): used for this run, not cached; measured again next start",
                        what, 100 * share)
     elif path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(profile))
-        temporary.replace(path)  # atomic: two workers starting at once never read half a file
+        keep(path, profile)
     return profile
 
 

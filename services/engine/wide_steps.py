@@ -6,10 +6,11 @@ them: `wide` threads. Whether that pays depends on the step and on the machine. 
 many rows is compute-bound and gains on any box; a step of a few one-token rows is bound by reading the
 weights and may lose to the threads' waits on each other: on a 2-core AMD EPYC VM (1 vs 2 threads) one row of
 one token took 47 vs 52 ms and 4 rows 79 vs 97, while 16 rows took 144 vs 120 and a 128-token prefill chunk
-was about 1.7x faster; on a 2-core Xeon with AMX one row took 56 vs 35 ms and 8 rows 125 vs 73. So the verify worker times one-token steps of 1, 2, 4 and 8
-rows at both thread counts, in turns, at start-up (cached like its profile) and, while no draft may be
-drafting for a session it holds (the plain route, target-only rounds after round 0), runs wide every step of
-at least the fewest tokens from which wide was faster at every larger size timed. Steps of WIDE_MIN_TOKENS or
+was about 1.7x faster; on a 2-core Xeon with AMX one row took 56 vs 35 ms and 8 rows 125 vs 73. So the
+verify worker times one-token steps of 1, 2, 4 and 8 rows at both thread counts, in turns, at start-up
+(cached like its profile) and, while no draft may be drafting for a session it holds (the plain route,
+target-only rounds after round 0), runs wide every step of at least the fewest tokens from which wide was
+faster at every larger size timed. Steps of WIDE_MIN_TOKENS or
 more run wide whatever the timings said (measured before on every box seen); beside an opening or a drafted
 block smaller ones do not (when they did whenever no draft was judged busy, the speculative route lost about
 9% at one stream: a draft prefilling after an opening was not always seen).
@@ -20,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from services.engine.profile import KEEP_ABOVE_SHARE, _prefilled, _time_step_once, cpu_share, profile_cache_key
+from services.engine.profile import (KEEP_ABOVE_SHARE, _prefilled, _time_step_once, cpu_share, keep,
+                                     profile_cache_key, read_cached)
 from services.models.engine import TargetEngine
 
 logger = logging.getLogger(__name__)
@@ -85,11 +86,8 @@ def cached_wide_steps(engine: TargetEngine, cache_dir: Path | None, *, threads: 
                                      "threads": threads, "wide": wide, "rows": list(WIDE_ROWS)},
                                     sort_keys=True).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "profiles" / f"wide-{key}.json"
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            logger.warning("unreadable wide-step timings %s: measuring again", path)
+    if (cached := read_cached(path, "wide-step")) is not None:
+        return cached
     timings, share = measure_wide_steps(engine, threads=threads, wide=wide)
     if share < KEEP_ABOVE_SHARE:  # which side the contention hit is unknown: no figure of this run is used
         logger.warning("wide-step timings measured while other processes took this one's cores (%.0f%% of its "
@@ -97,8 +95,5 @@ def cached_wide_steps(engine: TargetEngine, cache_dir: Path | None, *, threads: 
                        "start", 100 * share, WIDE_MIN_TOKENS)
         return {}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(timings))
-        temporary.replace(path)
+        keep(path, timings)
     return timings

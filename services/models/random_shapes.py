@@ -30,8 +30,7 @@ def _config(shape: str):
 def random_target_vocab(spec: str) -> TargetVocab:
     """A random target's vocabulary without its weights (a draft worker)."""
     parsed = parse_random_spec(spec)
-    vocab_size = SHAPES[parsed.shape]["vocab_size"]
-    return TargetVocab(parsed.name, random_tokenizer(vocab_size), vocab_size)
+    return TargetVocab(parsed.name, random_tokenizer(parsed.vocab_size), parsed.vocab_size)
 
 
 def build_random_model(shape: str, *, precision: str = "fp32", device: str = "cpu", seed: int = 0,

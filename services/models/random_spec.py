@@ -31,6 +31,10 @@ class RandomSpec:
     seed: int = 0
 
     @property
+    def vocab_size(self) -> int:
+        return SHAPES[self.shape]["vocab_size"]
+
+    @property
     def name(self) -> str:
         """What the model is called in heartbeats, status and reports: random weights, said so."""
         return f"random-{self.shape}" + (f"-seed{self.seed}" if self.seed else "")
