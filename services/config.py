@@ -120,6 +120,10 @@ class WorkerSettings(BaseModel):
                                      "so at start (services/engine/wide_steps.py); num_threads otherwise. On one "
                                      "box the draft worker's core is idle then: `mirror-sd up` sets it to every "
                                      "core. None: num_threads always")
+    load_word: bool = Field(True, description="verify workers: measure committed tokens per second of their steps "
+                            "while every remote draft drafts and while none does, per load, and tell the drafts in "
+                            "each verdict to send target-only rounds where those measured faster (verify_worker/"
+                            "load_word.py); False: each draft's cost model alone decides")
     verdict_timeout_s: float = Field(120.0, gt=0, description="draft side: give up on a round after this")
     draft_concurrency: int = Field(128, ge=1, description="sessions one draft worker process drives at once (Celery "
                                    "task threads that only wait: one driver thread does the hot path for all)")

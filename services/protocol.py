@@ -365,6 +365,10 @@ class Verdict(Message):
     # of num_rounds, the target-only rounds the verify worker ran on its own while the block was on its way
     # (services/speculative/bridging.py); the block's drafted tokens were checked against their tokens
     num_bridged: int = 0
+    # the verify worker's word on its load (verify_worker/load_word.py): "plain" when its own steps measured
+    # target-only rounds faster than drafted ones at the load of the moment (the next block asks for target-only
+    # rounds); "" leaves the block to the draft's own cost model
+    load_arm: str = ""
 
 
 @dataclass

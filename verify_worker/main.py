@@ -108,6 +108,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         wide_threads=settings.worker.wide_threads,
         plain_wide_min_tokens=_plain_wide_min_tokens(settings, engine),
         draft_after_opening=settings.speculative.draft_prefill == "after_opening",
+        load_word=settings.worker.load_word,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

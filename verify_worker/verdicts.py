@@ -55,7 +55,7 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str,
                       verdict.encode() if verdict is not None else b"", finished=output.finished)
 
 
-def block_verdict(session: VerifySession, worker_id: str) -> Verdict:
+def block_verdict(session: VerifySession, worker_id: str, load_arm: str = "") -> Verdict:
     block, target = session.block, session.target
     num_draft_tokens, num_accepted = target.stats.minus(session.block_stats)
     return Verdict(
@@ -76,6 +76,7 @@ def block_verdict(session: VerifySession, worker_id: str) -> Verdict:
         verify_started_at=session.block_started_at,
         verify_finished_at=time.time(),
         num_bridged=session.num_bridged,
+        load_arm=load_arm,
     )
 
 

@@ -50,9 +50,11 @@ from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError
 from services.redis_client import REQUEST_TTL_S, write_heartbeat
 from services.speculative.bridging import bridges
 from services.speculative.chaining import chain_holds, followed
+from services.speculative.measured_turns import DRAFT, PLAIN
 from verify_worker.commits import StreamCommits
 from verify_worker.draft_word import DraftWord
 from verify_worker.figures import WorkerFigures
+from verify_worker.load_word import LoadWord
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
@@ -86,6 +88,7 @@ class VerifyWorker:
         wide_threads: int | None = None,
         plain_wide_min_tokens: int = WIDE_MIN_TOKENS,
         draft_after_opening: bool = False,
+        load_word: bool = True,
     ) -> None:
         self.client = client
         self.engine = engine
@@ -110,6 +113,8 @@ class VerifyWorker:
         # speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round
         self.draft_after_opening = draft_after_opening and local is None
         self.draft_word = DraftWord()  # the remote draft's last word on the load (verify_worker/draft_word.py)
+        # its word to remote drafts on its load (verify_worker/load_word.py); None: settings.worker.load_word off
+        self.load_word = LoadWord() if load_word and local is None else None
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
         self._step_s: float | None = None  # smoothed step time: no bridged round starts with a block due in one
@@ -297,7 +302,7 @@ class VerifyWorker:
         self.sessions.touch(session)
         self.figures.record_bridged(num_bridged, answered=not going)
         if not going:
-            verdict = block_verdict(session, self.worker_id)
+            verdict = block_verdict(session, self.worker_id, self._word(self._load()))
             self.commits.publish([CommitItem.verdict_only(block, verdict)])
             session.answered(verdict)
 
@@ -420,6 +425,7 @@ class VerifyWorker:
                          for s, budget in chosen)
         streaming = [s.target.streaming for s in sessions]  # running streams, not prompts being prefilled
         wide = self._set_threads(num_tokens)
+        seen = self._remote_arm()  # what the remote drafts do during this step, for the load word
         try:
             forward_started = time.perf_counter()
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
@@ -429,7 +435,8 @@ class VerifyWorker:
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
-        items = self._outcomes(sessions, results, rows=len(sessions))
+        load = self._load()
+        items = self._outcomes(sessions, results, rows=len(sessions), word=self._word(load))
         self.commits.publish(items)
         self._continue_chains(sessions)
         step_s = time.perf_counter() - started
@@ -439,6 +446,8 @@ class VerifyWorker:
         # prefilled in it (that cost falls on drafting and plain turns alike, at random)
         self._committed = sum(len(result.committed) for result in results if result is not None) \
             if all(streaming) else None
+        if self.load_word is not None:
+            self.load_word.stepped(load, seen, self._committed, time.monotonic())
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
                                  streaming_rows=sum(streaming), wide=wide,
                                  streamed=sum(len(result.committed) for result, running in zip(results, streaming)
@@ -461,8 +470,9 @@ class VerifyWorker:
         draft worker's core is idle then), else `threads`, so that the two never contend for a core (torch's
         threads wait on each other: one sharing its core with a busy process slows the whole step several-fold).
         True: this step is wide."""
-        fewest = self.wide_min_tokens if any(session.drafts_now for session in self.sessions) else \
-            min(self.wide_min_tokens, self.plain_wide_min_tokens)
+        plain_openings = self._plain_openings()
+        drafting = any(session.drafts_now and not session.opens_told_plain(plain_openings) for session in self.sessions)
+        fewest = self.wide_min_tokens if drafting else min(self.wide_min_tokens, self.plain_wide_min_tokens)
         wide = self.wide_threads is not None and self.wide_threads != self.threads and \
             num_tokens >= fewest and not self._draft_busy()
         wanted = self.wide_threads if wide else self.threads
@@ -473,20 +483,39 @@ class VerifyWorker:
     def _speculative_sessions(self) -> int:
         return sum(1 for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished)
 
+    def _word(self, load: int, choose: bool = True) -> str:
+        """What this step's verdicts tell remote drafts about the load ("" without a word); choose False: the
+        word held now, without choosing again when its hold is over."""
+        return self.load_word.word(load, choose) if self.load_word is not None else ""
+
+    def _load(self) -> int:
+        """The sessions held that have not finished: the load this worker's word is about."""
+        return sum(1 for session in self.sessions if not session.target.finished)
+
+    def _busy_drafts(self) -> list[bool]:
+        """Per remote speculative session held, whether its draft worker drafts for it now or is about to: a
+        waiting session's draft is taken to send target-only rounds when its last word at this load said so
+        (verify_worker/draft_word.py)."""
+        remote = [s for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished]
+        waits_idle, plain_openings = self.draft_word.goes_plain(len(remote)), self._plain_openings()
+        return [session.keeps_a_draft_busy and not (session.awaits_draft_call and waits_idle)
+                and not session.opens_told_plain(plain_openings) for session in remote]
+
+    def _plain_openings(self) -> bool:
+        """This worker's word at its load is "plain": a new session's draft heard it in its draft worker's last
+        verdict, and neither speculates during the opening nor prefills after it."""
+        return self._word(self._load(), choose=False) == "plain"
+
     def _draft_busy(self) -> bool:
-        """A draft worker drafts for a session held here, or is about to: a waiting session's draft is taken to
-        send target-only rounds when its last word at this load said so (verify_worker/draft_word.py)."""
-        waits_idle = None
-        for session in self.sessions:
-            if not session.keeps_a_draft_busy:
-                continue
-            if session.awaits_draft_call:
-                if waits_idle is None:
-                    waits_idle = self.draft_word.goes_plain(self._speculative_sessions())
-                if waits_idle:
-                    continue
-            return True
-        return False
+        """A draft worker drafts for a session held here, or is about to."""
+        return any(self._busy_drafts())
+
+    def _remote_arm(self) -> str | None:
+        """What the remote speculative sessions held are doing: all drafting (DRAFT), none (PLAIN), else None."""
+        busy = self._busy_drafts()
+        if not busy:
+            return None
+        return DRAFT if all(busy) else PLAIN if not any(busy) else None
 
     def _fit_kv_budget(self, planned: list[tuple[VerifySession, int | None]]) -> list[tuple[VerifySession, int | None]]:
         """Drop rows whose KV growth does not fit the budget even after evicting idle sessions (they wait);
@@ -514,7 +543,7 @@ class VerifyWorker:
         return chosen
 
     def _outcomes(self, sessions: list[VerifySession], results: list[RoundResult | None],
-                  rows: int) -> list[CommitItem]:
+                  rows: int, word: str = "") -> list[CommitItem]:
         items = []
         drafting = len(self._local())  # local sessions, for their controllers' view of the draft load
         for session, result in zip(sessions, results):
@@ -529,7 +558,8 @@ class VerifyWorker:
                 session.batch_rows = rows
                 verification = result.verification
                 self.figures.record_round(verification.num_draft_tokens, verification.num_accepted)
-            verdict = block_verdict(session, self.worker_id) if session.block_done() else None
+            verdict = block_verdict(session, self.worker_id, "" if session.local else word) \
+                if session.block_done() else None
             items.append(round_item(session, result, self.worker_id, None if session.local else verdict))
             if verdict is not None:
                 if session.local is not None:  # drafted here: the verdict stays in this process
@@ -582,7 +612,8 @@ class VerifyWorker:
             pid=os.getpid(),
             host=socket.gethostname(),
             local_draft=self.local.spec if self.local is not None else "",
-            local_turns=self.local.turns.to_dict() if self.local is not None else {},
+            local_turns=self.local.turns.to_dict() if self.local is not None else
+            self.load_word.to_dict() if self.load_word is not None else {},
             draft_fallback=self.local.fallback if self.local is not None else None,
             **self.figures.heartbeat_fields(),
         )

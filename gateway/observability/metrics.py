@@ -167,9 +167,10 @@ class FleetCollector:
                 fallback = beat.draft_fallback
                 fallbacks.add_metric([beat.worker_id, fallback.draft, fallback.serving, fallback.fault], 1.0)
         yield fallbacks
-        turns = GaugeMetricFamily("mirror_sd:local_turn_tokens_per_second", "Co-located drafting: committed tokens "
-                                  "per second of a verify worker's turns that drafted and that did not, by load (the "
-                                  "sessions in a turn, a power of two); the faster arm is taken at that load",
+        turns = GaugeMetricFamily("mirror_sd:local_turn_tokens_per_second", "Committed tokens per second of a "
+                                  "verify worker's turns (co-located drafting) or steps (remote drafts, its word on "
+                                  "the load) that drafted and that did not, by load (sessions held, bucketed); the "
+                                  "faster arm is taken at that load",
                                   labels=["worker", "load", "arm"])
         for beat in self.beats:
             for load, arms in beat.local_turns.items():

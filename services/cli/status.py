@@ -63,10 +63,10 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             typer.echo(f"SYNTHETIC: {beat.worker_id}: {synthetic} (docs/synthetic.md)")
         if beat.local_draft:
             typer.echo(f"placement local: {beat.worker_id} drafts for its own sessions with {beat.local_draft}")
-            if beat.local_turns:
-                typer.echo("  measured turns, tok/s by load: " + "; ".join(
-                    f"{load}: " + ", ".join(f"{arm} {rate:.0f}" for arm, rate in sorted(arms.items()))
-                    for load, arms in sorted(beat.local_turns.items(), key=lambda item: int(item[0]))))
+        if beat.local_turns:  # co-located: its turns; remote drafts: its steps behind its word on the load
+            typer.echo(f"  {beat.worker_id}: measured {'turns' if beat.local_draft else 'steps'}, tok/s by load: "
+                       + "; ".join(f"{load}: " + ", ".join(f"{arm} {rate:.0f}" for arm, rate in sorted(arms.items()))
+                                   for load, arms in sorted(beat.local_turns.items(), key=lambda item: int(item[0]))))
         if beat.draft_fallback is not None:
             typer.echo(f"fallback: {beat.worker_id}: {beat.draft_fallback.describe()}")
         if beat.link is not None:

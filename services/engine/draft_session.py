@@ -36,7 +36,13 @@ from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
+from services.speculative.block_length import (
+    BlockLengthController,
+    RecentRounds,
+    hears_load_word,
+    opens_plain,
+    within_limits,
+)
 from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
 from services.speculative.stats import SpecDecodingStats, percentile
@@ -122,12 +128,12 @@ class DraftSession:
         prior = recent.alpha() if recent is not None else None
         explore = recent.explore() if recent is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
+        self.sampling = spec.sampling
         if recent is not None:
             # the first block meets the pool's current load, and the draft worker's (a burst of new sessions
-            # shares one draft core: its batched steps can cost more than plain rounds save)
-            self._observe_load(recent.rows, draft_sessions)
+            # shares one draft core: its batched steps can cost more than plain rounds save), and its last word
+            self._observe_load(recent.rows, draft_sessions, recent.word)
         self.stats = events[-1].stats.copy() if events else SpecDecodingStats()
-        self.sampling = spec.sampling
         self._streams: dict[int, torch.Generator] = {}  # round -> its draft stream (sampling)
         # the first block goes where the gateway found a similar request's KV (cache affinity), a resumed
         # session's to the worker that committed its last round; a worker gone by then is failed over as always
@@ -298,7 +304,7 @@ class DraftSession:
         """The sessions its draft worker drives now: a burst that came after this session was created makes its
         opening's speculation (and that prompt's draft prefill) cost what that load says, or not start."""
         if self.sees_load:
-            self.controller.observe_load(self.controller.rows, draft_sessions)
+            self.controller.observe_load(self.controller.rows, draft_sessions, self.controller.load_word)
 
     @property
     def keeps_the_draft_busy(self) -> bool:
@@ -381,9 +387,9 @@ class DraftSession:
         if verdict.committed_ids and self.first_token_at is None:
             self.first_token_at = time.time()
         self.stats = verdict.stats
-        self._observe_load(verdict.batch_rows, draft_sessions)
+        self._observe_load(verdict.batch_rows, draft_sessions, verdict.load_arm)
         if self.recent is not None:
-            self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows)
+            self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows, verdict.load_arm)
         if verdict.num_draft_tokens or flight.block.draft_ids:
             self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
 
@@ -461,9 +467,9 @@ class DraftSession:
         start their streams over, so each draws what it would have drawn had nothing been sent ahead."""
         self._streams = {r: g for r, g in self._streams.items() if r < first_round}
 
-    def _observe_load(self, rows: float, draft_sessions: int | None) -> None:
+    def _observe_load(self, rows: float, draft_sessions: int | None, word: str = "") -> None:
         if self.sees_load:
-            self.controller.observe_load(rows, draft_sessions)
+            self.controller.observe_load(rows, draft_sessions, word if hears_load_word(self.sampling) else "")
         else:
             self.controller.observe_load(1.0, 1)
 

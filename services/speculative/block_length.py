@@ -54,6 +54,16 @@ def within_limits(gamma: int, remaining: int, *caps: int | None) -> int:
 LOAD_PLAIN_ROUNDS = 64  # target-only rounds while the load makes drafting not pay, before looking again
 
 
+def hears_load_word(sampling) -> bool:
+    """Whether a session takes its verify worker's word on the load (Verdict.load_arm): greedy or unseeded. A seeded
+    request draws round r from its own streams, so where its drafted rounds fall must not hang on timing."""
+    return sampling.greedy or sampling.seed is None
+
+# target-only rounds per block while the verify worker's word is "plain" (verify_worker/load_word.py): it holds
+# its word this many steps, so a block that asks for no more hears the next word in time
+WORD_PLAIN_ROUNDS = 16
+
+
 class BlockLengthController:
     """Gamma from recent acceptance; with a cost model (block_policy "cost"), the gamma with the most
     expected tokens per ms for the measured acceptance at the current load (rows per step, from the
@@ -78,6 +88,9 @@ class BlockLengthController:
         self.fallback_reason: str | None = None
         self.rows = 1.0  # rows in the target step this session's blocks share (1 in-process)
         self.draft_sessions: float | None = None  # sessions drafting beside it on its draft worker; None: rows
+        # the verify worker's last word on its load (Verdict.load_arm): "plain" overrides the cost model's gamma
+        # at that load (its steps measured target-only rounds faster there); the lone-stream fallback still holds
+        self.load_word = ""
         if cost is not None and not explore and self._best_for_cost(rows=1.0)[0] == 0:
             self._enter_fallback(self.prior, self._cost_reason())
 
@@ -88,7 +101,7 @@ class BlockLengthController:
     @property
     def num_draft_tokens(self) -> int:
         """Tokens to draft next round; 0 while decoding with the target alone."""
-        if self.fallen_back:
+        if self.fallen_back or self.told_plain:
             return 0
         if self.cost is None:
             return self._gamma
@@ -99,6 +112,11 @@ class BlockLengthController:
             # long enough for update() to decide on a fallback.
             return self.config.min_draft_tokens
         return best
+
+    @property
+    def told_plain(self) -> bool:
+        """The verify worker measured target-only rounds faster at its load of the moment."""
+        return self.load_word == "plain"
 
     @property
     def load(self) -> float:
@@ -117,6 +135,8 @@ class BlockLengthController:
         fallback, or a short stretch while the load makes drafting not pay."""
         if self.fallen_back:
             return self._fallback_rounds_left
+        if self.told_plain:
+            return WORD_PLAIN_ROUNDS
         return LOAD_PLAIN_ROUNDS if self.num_draft_tokens == 0 else 0
 
     @property
@@ -124,10 +144,11 @@ class BlockLengthController:
         drafted = sum(d for d, _ in self._window)
         return sum(a for _, a in self._window) / drafted if drafted else 0.0
 
-    def observe_load(self, rows: float, draft_sessions: float | None = None) -> None:
-        """Rows in the step that verified the last block: the load the next block meets; and the sessions its
-        draft worker drafts (a batched draft step serves them all), when known."""
+    def observe_load(self, rows: float, draft_sessions: float | None = None, word: str = "") -> None:
+        """Rows in the step that verified the last block: the load the next block meets; the sessions its
+        draft worker drafts (a batched draft step serves them all), when known; the verify worker's word."""
         self.rows = max(1.0, float(rows))
+        self.load_word = word
         if draft_sessions is not None:
             self.draft_sessions = max(1.0, float(draft_sessions))
 
@@ -201,12 +222,14 @@ class RecentRounds:
         self.min_rounds = min_rounds
         self.explore_every = explore_every
         self.rows = 1.0  # rows per step the last verdict reported
+        self.word = ""  # and the verify worker's word on its load (Verdict.load_arm)
         self._sessions = 0
         self._lock = threading.Lock()  # fed by the driver thread, read by task threads building sessions
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, rows: float) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, rows: float, word: str = "") -> None:
         with self._lock:
             self.rows = max(1.0, float(rows))
+            self.word = word
             if num_draft_tokens:
                 self._rounds.append((num_draft_tokens, num_accepted))
 

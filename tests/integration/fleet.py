@@ -32,9 +32,10 @@ class VerifyThread:
     def __init__(self, client: redis.Redis, target, *, worker_id: str = "verify-t", pool: str = "cpu",
                  scheduler: SchedulerSettings | None = None, kv_budget_bytes: int = 1 << 26,
                  profile: dict | None = None, local: LocalDrafting | None = None, step_s: float = 0.0,
-                 draft_after_opening: bool = False) -> None:
+                 draft_after_opening: bool = False, load_word: bool = True) -> None:
         """step_s: each forward takes at least this long (a target that costs more than the tiny draft).
-        draft_after_opening: speculative.draft_prefill "after_opening"."""
+        draft_after_opening: speculative.draft_prefill "after_opening". load_word: worker.load_word (its word
+        moves where drafted rounds fall by what the steps measured: off for tests that count rounds)."""
         engine = TorchEngine(target, budget_bytes=kv_budget_bytes)
         if step_s:
             forward = engine.forward
@@ -48,7 +49,7 @@ class VerifyThread:
             engine.forward = slow_forward
         self.worker = VerifyWorker(client=client, engine=engine, worker_id=worker_id, pool=pool, scheduler=scheduler,
                                    profile=CURVE if profile is None else profile, local=local,
-                                   draft_after_opening=draft_after_opening)
+                                   draft_after_opening=draft_after_opening, load_word=load_word)
         self.worker.heartbeat(ttl_s=60)  # the draft side reads the cost curve from here
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.worker.serve, args=(self.stop, 0.1), daemon=True)

@@ -27,8 +27,10 @@ def target():
 
 @pytest.fixture
 def fleet(target, redis_url):
+    """Without the verify worker's word on its load (worker.load_word): these tests count speculations and rounds,
+    which the word moves by what the steps measured (test_verify_worker and test_load_word test it)."""
     client = redis.Redis.from_url(redis_url)
-    verify = VerifyThread(client, target)
+    verify = VerifyThread(client, target, load_word=False)
     yield client
     verify.close()
 

@@ -15,6 +15,7 @@ from services.models.engine import TorchEngine
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, output_stream, verify_pool_queue
 from services.config import SchedulerSettings
 from services.redis_client import read_events
+from services.speculative.block_length import WORD_PLAIN_ROUNDS
 from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
@@ -483,6 +484,86 @@ def test_a_wait_on_a_draft_whose_last_word_at_this_load_was_target_only_rounds_l
     # fewer sessions than when the draft last said target-only rounds: a wait keeps the draft busy
     wide.draft_word.plain_at = 3
     assert not wide.draft_word.goes_plain(wide._speculative_sessions())
+
+
+def test_a_worker_whose_target_only_rounds_commit_faster_tells_its_draft_so_and_the_output_stays_the_targets(
+        client, worker):
+    """verify_worker/load_word.py: drafted blocks that come 50 ms after their verdict (a slow draft) against
+    target-only rounds the worker runs one a step: drafting is tried first, then a hold of plain rounds, and from
+    then on the verdicts say plain. The tokens are the target's alone throughout."""
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=200, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    words, committed = [], []
+    while words[-3:] != ["plain"] * 3:
+        turn_until_verdicts(worker, client, len(words) + 1)
+        last = verdicts(client)[-1]
+        words.append(last.load_arm)
+        committed += last.committed_ids
+        assert len(words) < 60, words
+        following = last.round + last.num_rounds
+        if last.load_arm == "plain":
+            client.rpush(verify_pool_queue("cpu"), block(following, last.num_committed,
+                                                         num_rounds=WORD_PLAIN_ROUNDS).encode())
+        else:
+            time.sleep(0.05)
+            client.rpush(verify_pool_queue("cpu"), block(following, last.num_committed, [3, 4]).encode())
+    assert words[0] == "" and "plain" in words
+    first_plain = words.index("plain")
+    assert first_plain >= 8 and set(words[:first_plain]) == {""}  # drafting measured first, for a hold
+    rates = worker.load_word.to_dict()["1"]
+    assert rates["plain"] > rates["draft"] > 0
+    assert committed == greedy(worker, len(committed))
+
+
+def test_a_session_told_plain_and_an_opening_under_the_word_plain_leave_small_steps_every_core(client, wide):
+    """A draft that heard "plain" in its verdict sends target-only rounds next and drafts nothing meanwhile, and a
+    new session's draft heard the word too (its draft worker's last verdict): under that word neither keeps the
+    draft busy, and a small step beside them runs wide. Without the word both count as drafting."""
+    from services.speculative.measured_turns import PLAIN
+
+    wide.wide_min_tokens, wide.plain_wide_min_tokens = len(PROMPT) + 1, 1
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=40, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    turn_until(wide, lambda: verdicts(client))
+    assert verdicts(client)[-1].load_arm == "" and wide.sessions.get("r").drafts_now  # waits for a drafted block
+    for load in (1, 2):
+        wide.load_word._held[load] = [PLAIN, 1000]  # this worker measured target-only rounds faster at 1 and 2
+    client.rpush(verify_pool_queue("cpu"), block(1, verdicts(client)[-1].num_committed, [3, 4]).encode())
+    turn_until(wide, lambda: len(verdicts(client)) == 2)
+    told = wide.sessions.get("r")
+    assert verdicts(client)[-1].load_arm == "plain" and told.told_plain and not told.drafts_now
+    assert not wide._draft_busy()
+    # the plain route beside it, then an opening: one-token steps on both cores
+    submit_spec(client, SessionSpec(request_id="p", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True, route="ar"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="p", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], num_rounds=3, reply_to=REPLY).encode())
+    assert turn_until(wide, lambda: finished(client, "p"))[1:] == [2, 2]
+    submit_spec(client, SessionSpec(request_id="q", prompt_ids=PROMPT, max_new_tokens=3, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="q", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], reply_to=REPLY).encode())
+    wide._admit(wide._pop(0.1))  # taken, not stepped yet
+    assert wide.sessions.get("q").opens_told_plain(True) and wide._set_threads(1)
+    wide.load_word._held[2] = ["draft", 1000]
+    assert not wide._set_threads(1)  # without the word the opening's draft may prefill: one thread
+    # a seeded sampled session's draft does not take the word (where its rounds fall decides its tokens)
+    for load in (2, 3):
+        wide.load_word._held[load] = [PLAIN, 1000]
+    seeded = SamplingParams(temperature=0.8, seed=3)
+    submit_spec(client, SessionSpec(request_id="s", prompt_ids=PROMPT, max_new_tokens=8, sampling=seeded))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="s", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], reply_to=REPLY).encode())
+    wide._admit(wide._pop(0.1))
+    assert not wide.sessions.get("s").opens_told_plain(True)
+    turn_until(wide, lambda: any(v.request_id == "s" for v in verdicts(client)))
+    answered = wide.sessions.get("s")
+    assert answered.last_verdict.load_arm == "plain" and not answered.told_plain and answered.drafts_now
+
+
+def turn_until_verdicts(worker, client, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(verdicts(client)) < count:
+        assert time.monotonic() < deadline
+        worker.turn(0.1)
 
 
 def test_a_prompt_is_prefilled_in_one_step_while_no_stream_runs_and_in_budgeted_chunks_beside_one(client):
