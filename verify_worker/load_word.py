@@ -7,16 +7,17 @@ how much differs from box to box: on one box the verify worker runs target-only 
 rows, commits and, for a remote draft, a trip over the link; drafting overlaps verification (pipelined). On a
 2-core AMX Xeon the cost model kept drafting at 4 streams, where the plain route ran 1.33x faster.
 
-So, as co-located drafting does (services/speculative/measured_turns.py), the verify worker measures: per
-load bucket (the sessions it holds), the committed tokens per second of its steps while every remote
-speculative session drafts, and while none does (target-only rounds the load or the word asked for). Its
-word at that load, carried in every verdict (Verdict.load_arm), is the faster arm: "plain" makes the next
-block ask for WORD_PLAIN_ROUNDS target-only rounds; "" leaves the block to the draft's own cost model (which
-may still say plain). A remote session hears the word at its next verdict, so an arm is held HOLD_STEPS steps
-at a load before it is chosen again, and a step is measured only after SETTLE_STEPS steps at the same load in
-the same arm (a switch, a session arriving or ending, a prompt's prefill and what follows them at once are not
-measured: a switch to drafting starts with its drafts catching up and nothing speculated ahead). The other arm
-is tried now and then (MeasuredTurns' trials, counted in holds), so a change of prompts or machine is seen.
+So, as co-located drafting does (services/speculative/measured_turns.py), the verify worker measures. Its
+word at a load, carried in every verdict (Verdict.load_arm), is an arm: "plain" makes the next block ask for
+WORD_PLAIN_ROUNDS target-only rounds; "" leaves the block to the draft's own cost model (which may still say
+plain). An arm is held at a load bucket (the sessions held) for a hold: it starts once a step saw every remote
+speculative session in the arm (each hears the word at its own next verdict), and measures the committed tokens
+per second of the HOLD_STEPS steps after that (all of them: sessions arriving and ending, drafts deciding on
+their own, are how the arm runs; the SETTLE_STEPS first and steps that prefilled a prompt left out). Per-step
+figures of pure steps only were tried first: at 4 streams they measured drafting at 61 tok/s and plain at 45,
+while the routes ran at 37 and 56 (the slow parts of drafting under churn are the mixed steps). Drafting is
+measured first, then plain; then the faster is held and the other tried now and then (MeasuredTurns' trials,
+counted in holds), so a change of prompts or machine is seen.
 """
 
 from __future__ import annotations
@@ -26,58 +27,89 @@ from dataclasses import dataclass, field
 from services.speculative.block_length import WORD_PLAIN_ROUNDS
 from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns, load_bucket
 
-HOLD_STEPS = WORD_PLAIN_ROUNDS  # steps an arm is held at a load: a block of target-only rounds hears the next word
+HOLD_STEPS = WORD_PLAIN_ROUNDS  # steps a hold measures once its sessions switched to its arm
 MAX_GAP_S = 2.0  # a step that came longer than this after the one before (idle, a stall) is not measured
-# steps alike (same load, same arm) before one is measured: a switch to drafting starts with the drafts catching up
-# on the tokens target-only rounds committed and with no block speculated ahead, which its arm does not pay after
+# steps after the switch not measured: a switch to drafting starts with the drafts catching up on the tokens
+# target-only rounds committed and with no block speculated ahead, which its arm does not pay after
 SETTLE_STEPS = 3
+# steps a hold waits for every remote session to switch to its arm (each hears the word at its own next verdict,
+# after up to WORD_PLAIN_ROUNDS rounds; one whose own cost model asked for more target-only rounds takes longer):
+# a hold that never saw them all switched ends unmeasured, and as a trial confirms nothing
+MAX_SWITCH_STEPS = 2 * WORD_PLAIN_ROUNDS
 
 
 def word_turns() -> MeasuredTurns:
-    """Trials counted in holds: the first after 8 holds of the winner, then ever rarer while they confirm it (a
-    trial of target-only rounds where drafting wins costs a hold of them and the drafts' catch-up after it; at one
-    stream on a 2-core Xeon, trials every 4 to 32 holds cost about 5%). A step is shorter than a co-located turn
-    and its tokens vary more (a drafted round commits 1 to gamma + 1): the sums forget more slowly."""
-    return MeasuredTurns(min_turns=HOLD_STEPS // 2, explore_every=8, max_explore_every=64, decay=0.97)
+    """One measurement per hold; trials counted in holds: the first after 16 holds of the winner, then ever rarer
+    while they confirm it (a trial costs a hold of the slower arm and the switches to and from it: at 4 streams
+    on a 2-core Xeon, trials every 8 holds kept the route at 0.75x of plain decoding over a 30 s run)."""
+    return MeasuredTurns(min_turns=1, explore_every=16, max_explore_every=128, decay=0.7)
+
+
+@dataclass
+class Hold:
+    """An arm held at a load: from the first step that saw every remote session in it, HOLD_STEPS steps at that
+    load, every one of them (sessions arriving, ending, a draft deciding on its own: the arm as it runs), but the
+    SETTLE_STEPS first, measured as one: committed tokens over the time from the step before each."""
+
+    arm: str
+    started: bool = False
+    steps: int = 0  # since it was taken, then since it started
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def over(self) -> bool:
+        return self.steps >= (SETTLE_STEPS + HOLD_STEPS if self.started else MAX_SWITCH_STEPS)
 
 
 @dataclass
 class LoadWord:
     turns: MeasuredTurns = field(default_factory=word_turns)
-    _held: dict[int, list] = field(default_factory=dict)  # load bucket -> [arm, steps left]
-    _last: tuple[int, str, float] | None = None  # the last step: its load bucket, the arm seen, when it ended
-    _alike: int = 0  # steps in a row at that load in that arm
+    held: dict[int, Hold] = field(default_factory=dict)  # load bucket -> the arm held there
+    _last_end: float | None = None  # when the last step ended
 
-    def word(self, load: int, choose: bool = True) -> str:
-        """What the verdicts of a step at `load` say: "plain" or "" (the draft decides). choose False: the word
-        held at that load now, if any, without choosing again."""
-        return "plain" if self.arm(load, choose) == PLAIN else ""
+    def word(self, load: int) -> str:
+        """What the verdicts of a step at `load` say: "plain" or "" (the draft decides)."""
+        return "plain" if self.arm(load) == PLAIN else ""
 
-    def arm(self, load: int, choose: bool = True) -> str | None:
-        """The arm held at `load`'s bucket, chosen again once its hold is over (drafting first while young)."""
+    def arm(self, load: int) -> str:
+        """The arm held at `load`'s bucket; once its hold is over, what the hold measured is kept and the arm
+        chosen again (drafting first while young; a trial that measured nothing confirms nothing)."""
         bucket = load_bucket(load)
-        held = self._held.get(bucket)
-        if not choose:
-            return held[0] if held is not None else None
-        if held is None or held[1] <= 0:
-            held = self._held[bucket] = [self.turns.choose(load, DRAFT), HOLD_STEPS]
-        return held[0]
+        hold = self.held.get(bucket)
+        if hold is None or hold.over:
+            if hold is not None and hold.seconds > 0:
+                self.turns.record(load, hold.arm, hold.tokens, hold.seconds)
+            elif hold is not None:
+                self.turns.forget_trial(bucket)
+            hold = self.held[bucket] = Hold(self.turns.choose(load, DRAFT))
+        return hold.arm
 
     def stepped(self, load: int, seen: str | None, tokens: int | None, ended_at: float) -> None:
         """A step at `load` ended at `ended_at` (monotonic seconds), committing `tokens` (None: it prefilled a
-        prompt too); `seen`: the arm its remote speculative sessions were in (DRAFT: every one drafting, PLAIN:
-        none, None: mixed or none held). Measured from the end of the step before, when that one was alike."""
-        bucket = load_bucket(load)
-        held = self._held.get(bucket)
-        if held is not None:
-            held[1] -= 1
-        last, self._last = self._last, (bucket, seen, ended_at) if seen is not None and tokens is not None else None
-        if self._last is None or last is None or last[:2] != (bucket, seen) or not 0 < ended_at - last[2] <= MAX_GAP_S:
-            self._alike = 0
+        prompt too: not measured); `seen`: the arm its remote speculative sessions were in (DRAFT: every one
+        drafting, PLAIN: none, None: mixed or none held)."""
+        last_end, self._last_end = self._last_end, ended_at
+        hold = self.held.get(load_bucket(load))
+        if hold is None:
             return
-        self._alike += 1
-        if self._alike > SETTLE_STEPS:
-            self.turns.record(load, seen, tokens, ended_at - last[2])
+        hold.steps += 1
+        if not hold.started:
+            if seen == hold.arm:
+                hold.started, hold.steps = True, 0
+            return
+        if hold.steps > SETTLE_STEPS and tokens is not None and last_end is not None \
+                and 0 < ended_at - last_end <= MAX_GAP_S:
+            hold.tokens += tokens
+            hold.seconds += ended_at - last_end
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         return self.turns.to_dict()
+
+
+def remote_arm(busy: list[bool]) -> str | None:
+    """What the remote speculative sessions of a step do, from whether each one's draft is busy: all drafting
+    (DRAFT), none (PLAIN), else (or none held) None."""
+    if not busy:
+        return None
+    return DRAFT if all(busy) else PLAIN if not any(busy) else None

@@ -20,7 +20,6 @@ from services.engine.target import TargetSession
 from services.models.engine import TargetEngine
 from services.link.meter import smoothed
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, decode_probs
-from services.speculative.block_length import hears_load_word
 from services.speculative.bridging import bridges, fast_forward
 from services.speculative.chaining import chain_holds
 from services.speculative.stats import SpecDecodingStats
@@ -89,34 +88,39 @@ class VerifySession:
         """Its last verdict carried this worker's word "plain" (verify_worker/load_word.py), which its draft takes:
         until its next block comes, the draft drafts nothing (that block is target-only rounds)."""
         return self.block is None and self.last_verdict is not None and self.last_verdict.load_arm == "plain" \
-            and hears_load_word(self.spec.sampling)
+            and self.spec.sampling.layout_free
 
-    def opens_told_plain(self, word_plain: bool) -> bool:
-        """Holds its opening round (round 0, target-only) while this worker's word is "plain" (word_plain), which
-        its draft heard in its draft worker's last verdict and takes: it neither speculates nor prefills."""
+    def opens_told_plain(self, last_word: str) -> bool:
+        """Holds its opening round (round 0, target-only) while the word on the last verdict this worker sent was
+        "plain" (last_word): its draft worker most likely heard it last, and a new session's draft starts from
+        the last word heard (neither speculating nor prefilling). A guess: wrong, a step runs wide beside a
+        draft that prefills, until the opening's verdict."""
         block = self.block
-        return word_plain and block is not None and block.round == 0 and not block.draft_ids \
-            and hears_load_word(self.spec.sampling)
+        return last_word == "plain" and block is not None and block.round == 0 and not block.draft_ids \
+            and self.spec.sampling.layout_free
 
     @property
     def drafts_now(self) -> bool:
         """A remote speculative session whose draft may be drafting for it: any but one holding target-only
         rounds after round 0 (rounds the load or a fallback asked for: its draft waits for their verdict) or
         waiting for the block its last verdict told to be target-only rounds."""
-        if self.local is not None or self.spec.route != "sd" or self.target.finished or self.told_plain:
-            return False
-        block = self.block
-        return block is None or bool(block.draft_ids) or block.round == 0
+        return self.keeps_a_draft_busy or (self._remote_speculative and self.block is not None
+                                           and self.block.round == 0)
 
     @property
     def keeps_a_draft_busy(self) -> bool:
         """A draft worker drafts for it now, or will at its next verdict: a remote speculative session, unless the
         block in hand is target-only rounds after round 0 (the draft waits for their verdict; it speculates only
         during an opening round). A bridging session's draft is drafting its next block."""
-        if self.local is not None or self.spec.route != "sd" or self.target.finished or self.told_plain:
+        if not self._remote_speculative:
             return False
         block = self.block
         return block is None or bool(block.draft_ids) or (block.round == 0 and not self.draft_after_opening)
+
+    @property
+    def _remote_speculative(self) -> bool:
+        """A running speculative session drafted by a draft worker, not waiting on target-only rounds it was told."""
+        return self.local is None and self.spec.route == "sd" and not self.target.finished and not self.told_plain
 
     @property
     def awaits_draft_call(self) -> bool:

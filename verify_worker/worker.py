@@ -50,11 +50,10 @@ from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError
 from services.redis_client import REQUEST_TTL_S, write_heartbeat
 from services.speculative.bridging import bridges
 from services.speculative.chaining import chain_holds, followed
-from services.speculative.measured_turns import DRAFT, PLAIN
 from verify_worker.commits import StreamCommits
 from verify_worker.draft_word import DraftWord
 from verify_worker.figures import WorkerFigures
-from verify_worker.load_word import LoadWord
+from verify_worker.load_word import LoadWord, remote_arm
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
@@ -115,6 +114,7 @@ class VerifyWorker:
         self.draft_word = DraftWord()  # the remote draft's last word on the load (verify_worker/draft_word.py)
         # its word to remote drafts on its load (verify_worker/load_word.py); None: settings.worker.load_word off
         self.load_word = LoadWord() if load_word and local is None else None
+        self.last_word = ""  # the word on the last verdict sent: a new session's draft most likely heard it last
         self._committed: int | None = 0  # tokens the last step committed; None: it prefilled a prompt too
         self._forward_s: float | None = None  # the last step's forward
         self._step_s: float | None = None  # smoothed step time: no bridged round starts with a block due in one
@@ -129,7 +129,7 @@ class VerifyWorker:
         self._cancel_checked = 0.0  # the first session that needs it is checked at once
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
         # heartbeats past their TTL.
-        self._snapshot = (0, 0, {})  # (num_sessions, kv_cache_bytes, prefix figures)
+        self._snapshot = (0, 0, {}, {})  # (num_sessions, kv_cache_bytes, prefix figures, measured arms by load)
 
     # --- the loop -------------------------------------------------------------------------------
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> None:
@@ -163,7 +163,9 @@ class VerifyWorker:
         rows = self.step() if self._ready() else 0
         if self.local is not None:  # what this turn's drafting (or not) gave, for the next turns' choice
             self.local.settle(self._committed, time.perf_counter() - started, self._forward_s)
-        self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures())
+        arms = self.local.turns if self.local is not None else self.load_word
+        self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures(),
+                          arms.to_dict() if arms is not None else {})
         return rows
 
     def _ready(self) -> list[VerifySession]:
@@ -252,7 +254,8 @@ class VerifyWorker:
         for block in blocks:
             self.num_blocks += 1
             known = self.sessions.get(block.request_id)
-            if known is not None and known.spec.route == "sd":  # the plain route's rounds are no word on the load
+            # the plain route's rounds are no word on the load, nor target-only rounds this worker's word asked for
+            if known is not None and known.spec.route == "sd" and not known.told_plain:
                 self.draft_word.heard(block, held)
             if block.release:
                 self.sessions.pop(block.request_id, retire=True)
@@ -303,6 +306,7 @@ class VerifyWorker:
         self.figures.record_bridged(num_bridged, answered=not going)
         if not going:
             verdict = block_verdict(session, self.worker_id, self._word(self._load()))
+            self.last_word = verdict.load_arm
             self.commits.publish([CommitItem.verdict_only(block, verdict)])
             session.answered(verdict)
 
@@ -424,8 +428,8 @@ class VerifyWorker:
         num_tokens = sum(s.target.num_pending_tokens if budget is None else min(budget, s.target.num_pending_tokens)
                          for s, budget in chosen)
         streaming = [s.target.streaming for s in sessions]  # running streams, not prompts being prefilled
-        wide = self._set_threads(num_tokens)
-        seen = self._remote_arm()  # what the remote drafts do during this step, for the load word
+        load, busy = self._load(), self._busy_drafts()  # the load this step runs at, whose drafts are busy
+        wide = self._set_threads(num_tokens, busy)
         try:
             forward_started = time.perf_counter()
             results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
@@ -435,7 +439,6 @@ class VerifyWorker:
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
-        load = self._load()
         items = self._outcomes(sessions, results, rows=len(sessions), word=self._word(load))
         self.commits.publish(items)
         self._continue_chains(sessions)
@@ -447,7 +450,7 @@ class VerifyWorker:
         self._committed = sum(len(result.committed) for result in results if result is not None) \
             if all(streaming) else None
         if self.load_word is not None:
-            self.load_word.stepped(load, seen, self._committed, time.monotonic())
+            self.load_word.stepped(load, remote_arm(busy), self._committed, time.monotonic())
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
                                  streaming_rows=sum(streaming), wide=wide,
                                  streamed=sum(len(result.committed) for result, running in zip(results, streaming)
@@ -462,31 +465,32 @@ class VerifyWorker:
             return self.scheduler.max_batch_tokens
         return max(self.scheduler.max_batch_tokens, self.scheduler.prefill_only_batch_tokens)
 
-    def _set_threads(self, num_tokens: int) -> bool:
+    def _set_threads(self, num_tokens: int, busy: list[bool] | None = None) -> bool:
         """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,
         many rows; plain_wide_min_tokens while no session held may be drafting: the plain route, target-only rounds
         after round 0) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
         draft fallen back, a wait on a draft whose last word at this load was target-only rounds: on one box the
         draft worker's core is idle then), else `threads`, so that the two never contend for a core (torch's
         threads wait on each other: one sharing its core with a busy process slows the whole step several-fold).
-        True: this step is wide."""
-        plain_openings = self._plain_openings()
-        drafting = any(session.drafts_now and not session.opens_told_plain(plain_openings) for session in self.sessions)
+        True: this step is wide. busy: _busy_drafts(), when the caller has it."""
+        drafting = any(session.drafts_now and not session.opens_told_plain(self.last_word) for session in self.sessions)
         fewest = self.wide_min_tokens if drafting else min(self.wide_min_tokens, self.plain_wide_min_tokens)
         wide = self.wide_threads is not None and self.wide_threads != self.threads and \
-            num_tokens >= fewest and not self._draft_busy()
+            num_tokens >= fewest and not any(self._busy_drafts() if busy is None else busy)
         wanted = self.wide_threads if wide else self.threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
         return wide
 
-    def _speculative_sessions(self) -> int:
-        return sum(1 for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished)
+    def _remote_speculative(self) -> list[VerifySession]:
+        return [s for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished]
 
-    def _word(self, load: int, choose: bool = True) -> str:
-        """What this step's verdicts tell remote drafts about the load ("" without a word); choose False: the
-        word held now, without choosing again when its hold is over."""
-        return self.load_word.word(load, choose) if self.load_word is not None else ""
+    def _speculative_sessions(self) -> int:
+        return len(self._remote_speculative())
+
+    def _word(self, load: int) -> str:
+        """What this step's verdicts tell remote drafts about the load ("" without a word)."""
+        return self.load_word.word(load) if self.load_word is not None else ""
 
     def _load(self) -> int:
         """The sessions held that have not finished: the load this worker's word is about."""
@@ -496,26 +500,14 @@ class VerifyWorker:
         """Per remote speculative session held, whether its draft worker drafts for it now or is about to: a
         waiting session's draft is taken to send target-only rounds when its last word at this load said so
         (verify_worker/draft_word.py)."""
-        remote = [s for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished]
-        waits_idle, plain_openings = self.draft_word.goes_plain(len(remote)), self._plain_openings()
+        remote = self._remote_speculative()
+        waits_idle = self.draft_word.goes_plain(len(remote))
         return [session.keeps_a_draft_busy and not (session.awaits_draft_call and waits_idle)
-                and not session.opens_told_plain(plain_openings) for session in remote]
-
-    def _plain_openings(self) -> bool:
-        """This worker's word at its load is "plain": a new session's draft heard it in its draft worker's last
-        verdict, and neither speculates during the opening nor prefills after it."""
-        return self._word(self._load(), choose=False) == "plain"
+                and not session.opens_told_plain(self.last_word) for session in remote]
 
     def _draft_busy(self) -> bool:
         """A draft worker drafts for a session held here, or is about to."""
         return any(self._busy_drafts())
-
-    def _remote_arm(self) -> str | None:
-        """What the remote speculative sessions held are doing: all drafting (DRAFT), none (PLAIN), else None."""
-        busy = self._busy_drafts()
-        if not busy:
-            return None
-        return DRAFT if all(busy) else PLAIN if not any(busy) else None
 
     def _fit_kv_budget(self, planned: list[tuple[VerifySession, int | None]]) -> list[tuple[VerifySession, int | None]]:
         """Drop rows whose KV growth does not fit the budget even after evicting idle sessions (they wait);
@@ -560,6 +552,8 @@ class VerifyWorker:
                 self.figures.record_round(verification.num_draft_tokens, verification.num_accepted)
             verdict = block_verdict(session, self.worker_id, "" if session.local else word) \
                 if session.block_done() else None
+            if verdict is not None and session.local is None:
+                self.last_word = word
             items.append(round_item(session, result, self.worker_id, None if session.local else verdict))
             if verdict is not None:
                 if session.local is not None:  # drafted here: the verdict stays in this process
@@ -590,7 +584,7 @@ class VerifyWorker:
 
     # --- heartbeat ------------------------------------------------------------------------------
     def heartbeat(self, ttl_s: float) -> None:
-        num_sessions, kv_bytes, prefix_figures = self._snapshot
+        num_sessions, kv_bytes, prefix_figures, arms = self._snapshot
         raw_override = self.client.get(protocol.probe_override_key(self.worker_id))
         reading = apply_override(read_device(self.device, report_as=self.device_kind),
                                  msgpack.unpackb(raw_override) if raw_override else None)
@@ -612,8 +606,7 @@ class VerifyWorker:
             pid=os.getpid(),
             host=socket.gethostname(),
             local_draft=self.local.spec if self.local is not None else "",
-            local_turns=self.local.turns.to_dict() if self.local is not None else
-            self.load_word.to_dict() if self.load_word is not None else {},
+            local_turns=arms,
             draft_fallback=self.local.fallback if self.local is not None else None,
             **self.figures.heartbeat_fields(),
         )

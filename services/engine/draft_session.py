@@ -36,13 +36,7 @@ from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
-from services.speculative.block_length import (
-    BlockLengthController,
-    RecentRounds,
-    hears_load_word,
-    opens_plain,
-    within_limits,
-)
+from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
 from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
 from services.speculative.stats import SpecDecodingStats, percentile
@@ -469,7 +463,8 @@ class DraftSession:
 
     def _observe_load(self, rows: float, draft_sessions: int | None, word: str = "") -> None:
         if self.sees_load:
-            self.controller.observe_load(rows, draft_sessions, word if hears_load_word(self.sampling) else "")
+            # a seeded request's drafted rounds must not hang on timing: it drafts as its controller says
+            self.controller.observe_load(rows, draft_sessions, word if self.sampling.layout_free else "")
         else:
             self.controller.observe_load(1.0, 1)
 

@@ -53,12 +53,6 @@ def within_limits(gamma: int, remaining: int, *caps: int | None) -> int:
 
 LOAD_PLAIN_ROUNDS = 64  # target-only rounds while the load makes drafting not pay, before looking again
 
-
-def hears_load_word(sampling) -> bool:
-    """Whether a session takes its verify worker's word on the load (Verdict.load_arm): greedy or unseeded. A seeded
-    request draws round r from its own streams, so where its drafted rounds fall must not hang on timing."""
-    return sampling.greedy or sampling.seed is None
-
 # target-only rounds per block while the verify worker's word is "plain" (verify_worker/load_word.py): it holds
 # its word this many steps, so a block that asks for no more hears the next word in time
 WORD_PLAIN_ROUNDS = 16

@@ -51,4 +51,4 @@ def fast_forward(draft_ids: Sequence[int], bridged_ids: Sequence[int]) -> FastFo
 
 def bridges(sampling: SamplingParams, route: str) -> bool:
     """Whether a session may bridge: drafted remotely on the speculative route, greedy or unseeded."""
-    return route == "sd" and (sampling.greedy or sampling.seed is None)
+    return route == "sd" and sampling.layout_free

@@ -113,6 +113,11 @@ class MeasuredTurns:
             return worse
         return better
 
+    def forget_trial(self, bucket: int) -> None:
+        """The pending trial at `bucket` measured too little to confirm or reverse anything: the next one comes
+        at the same interval, not twice as late."""
+        self._trial.pop(bucket, None)
+
     def record(self, load: int, arm: str, tokens: int, seconds: float) -> None:
         """A finished turn: `tokens` committed in `seconds` (drafting and step)."""
         if seconds <= 0:

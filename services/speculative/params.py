@@ -36,6 +36,12 @@ class SamplingParams:
         """Temperatures below GREEDY_BELOW are greedy (as in vLLM): dividing logits by 1e-300 gives inf - inf."""
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def layout_free(self) -> bool:
+        """Its tokens do not hang on where a request's rounds fall (which are drafted, which target-only, which a
+        verify worker bridged): greedy, or unseeded. A seeded request draws round r from its own streams."""
+        return self.greedy or self.seed is None
+
     def make_generator(self, offset: int = 0, device="cpu"):
         """A seeded torch.Generator; `offset` separates the draft's stream from the target's."""
         import torch  # here, not at the top: this module stays torch-free

@@ -4,36 +4,82 @@ takes it: measured steps, not predictions, decide between drafted and target-onl
 from services.config import SpeculativeSettings
 from services.protocol import SessionSpec, Verdict
 from services.speculative.block_length import WORD_PLAIN_ROUNDS, BlockLengthController
-from services.speculative.measured_turns import DRAFT, PLAIN
-from verify_worker.load_word import HOLD_STEPS, MAX_GAP_S, SETTLE_STEPS, LoadWord
+from services.speculative.measured_turns import DRAFT, PLAIN, load_bucket
+from verify_worker.load_word import MAX_GAP_S, SETTLE_STEPS, LoadWord
 
 
-def run(word: LoadWord, load: int, tokens_per_step: int, step_s: float, clock: list[float]) -> list[str]:
-    """One hold of steps at `load` in the arm the word holds, committing tokens_per_step each step_s apart;
-    the words the steps' verdicts carried."""
-    said = []
-    for _ in range(HOLD_STEPS):
-        said.append(word.word(load))
+def run(word: LoadWord, load: int, tokens_per_step: int, step_s: float, clock: list[float],
+        seen: str | None = "follow") -> set[str]:
+    """One hold at `load`: steps committing tokens_per_step each step_s apart, every remote session in the arm the
+    word holds (seen "follow") or as `seen` says, until the word's hold there is over; the words they carried."""
+    said, hold = set(), None
+    while True:
+        current = word.word(load)
+        if hold is not None and word.held[load_bucket(load)] is not hold:
+            return said  # the next hold began with `current`
+        hold = word.held[load_bucket(load)]
+        said.add(current)
         clock[0] += step_s
-        word.stepped(load, PLAIN if said[-1] == "plain" else DRAFT, tokens_per_step, clock[0])
-    return said
+        arm = (PLAIN if current == "plain" else DRAFT) if seen == "follow" else seen
+        word.stepped(load, arm, tokens_per_step, clock[0])
 
 
 def test_drafting_is_tried_first_then_plain_then_the_faster_one_is_held():
     word, clock = LoadWord(), [0.0]
-    assert set(run(word, 4, 4 * 3, 0.30, clock)) == {""}  # drafting first: 40 tok/s
-    assert set(run(word, 4, 4, 0.08, clock)) == {"plain"}  # then plain: 50 tok/s
-    assert [set(run(word, 4, 4, 0.08, clock)) for _ in range(7)] == [{"plain"}] * 7  # held
+    assert run(word, 4, 4 * 3, 0.30, clock) == {""}  # drafting first: 40 tok/s
+    assert run(word, 4, 4, 0.08, clock) == {"plain"}  # then plain: 50 tok/s
+    assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15  # held
     assert word.to_dict()["4"] == {"draft": 40.0, "plain": 50.0}
-    assert set(run(word, 4, 4 * 3, 0.30, clock)) == {""}  # then a drafting trial
-    assert set(run(word, 4, 4, 0.08, clock)) == {"plain"}  # which confirmed plain
+    assert run(word, 4, 4 * 3, 0.30, clock) == {""}  # then a drafting trial
+    assert run(word, 4, 4, 0.08, clock) == {"plain"}  # which confirmed plain
+
+
+def test_a_hold_measures_its_arm_after_every_session_switched_and_settled_mixed_steps_included():
+    word, clock = LoadWord(), [0.0]
+    assert word.word(2) == ""
+    for _ in range(5):  # not every session drafts yet: the hold has not started
+        clock[0] += 1.0
+        word.stepped(2, None, 100, clock[0])
+    hold = word.held[2]
+    assert not hold.started and hold.tokens == 0
+    clock[0] += 1.0
+    word.stepped(2, DRAFT, 100, clock[0])  # all drafting: it starts, and SETTLE_STEPS more are not measured
+    for _ in range(SETTLE_STEPS):
+        clock[0] += 1.0
+        word.stepped(2, DRAFT, 100, clock[0])
+    assert hold.started and hold.tokens == 0
+    clock[0] += 0.5
+    word.stepped(2, None, 3, clock[0])  # a session arriving or ending mid-hold: measured
+    clock[0] += 0.5
+    word.stepped(2, DRAFT, None, clock[0])  # it prefilled a prompt: not measured
+    clock[0] += MAX_GAP_S + 0.5
+    word.stepped(2, DRAFT, 7, clock[0])  # after an idle gap: not measured
+    clock[0] += 0.25
+    word.stepped(2, DRAFT, 5, clock[0])
+    assert (hold.tokens, hold.seconds) == (8, 0.75)
+
+
+def test_a_trial_that_never_started_confirms_nothing():
+    """Under load sessions switch arms at their own verdicts, and a draft may decide plain on its own: a trial can
+    end without ever seeing every session drafting. The next trial then comes as soon as that one did."""
+    word, clock = LoadWord(), [0.0]
+    assert run(word, 4, 12, 0.30, clock) == {""}  # drafting: 40 tok/s
+    assert run(word, 4, 4, 0.08, clock) == {"plain"}  # plain: 50 tok/s
+    assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
+    assert run(word, 4, 4, 0.1, clock, seen=None) == {""}  # the drafting trial: its sessions never all drafted
+    assert not word.turns.arms[(4, DRAFT)].turns > 1
+    assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
+    assert run(word, 4, 4, 0.1, clock, seen=None) == {""}  # tried again after 16 holds, not 32
+    assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
+    assert run(word, 4, 12, 0.30, clock) == {""}  # measured this time, and it confirms plain
+    assert [run(word, 4, 4, 0.08, clock) for _ in range(31)] == [{"plain"}] * 31  # so the next comes after 32
 
 
 def test_where_drafting_is_faster_the_word_leaves_the_block_to_the_draft():
     word, clock = LoadWord(), [0.0]
     run(word, 1, 4, 0.12, clock)  # drafting: 33 tok/s
     run(word, 1, 1, 0.04, clock)  # plain: 25 tok/s
-    assert set(run(word, 1, 4, 0.12, clock)) == {""}
+    assert run(word, 1, 4, 0.12, clock) == {""}
 
 
 def test_loads_are_measured_apart_and_a_lighter_loads_plain_win_carries_to_heavier_ones():
@@ -42,24 +88,6 @@ def test_loads_are_measured_apart_and_a_lighter_loads_plain_win_carries_to_heavi
     run(word, 4, 4, 0.08, clock)
     assert word.word(1) == ""  # a lighter load knows nothing yet: drafting first
     assert word.word(8) == "plain"  # drafting lost at 4 rows: it pays less at 8
-
-
-def test_a_step_after_a_switch_a_gap_or_a_mixed_step_is_not_measured():
-    word = LoadWord()
-    for step in range(SETTLE_STEPS + 2):  # settled after SETTLE_STEPS alike: the last one is measured
-        word.stepped(2, DRAFT, 6, 1.0 + step / 4)  # 6 tokens in 0.25 s
-    word.stepped(2, PLAIN, 2, 1.3)  # a switch: not measured
-    word.stepped(2, PLAIN, 2, 1.3 + MAX_GAP_S + 0.1)  # after an idle gap: not measured
-    word.stepped(2, None, 2, 4.0)  # some sessions drafting, some not
-    word.stepped(2, PLAIN, 2, 4.1)
-    word.stepped(2, PLAIN, None, 4.2)  # it prefilled a prompt too
-    word.stepped(2, PLAIN, 2, 4.3)
-    word.stepped(3, PLAIN, 3, 4.4)  # another load
-    for step in range(SETTLE_STEPS):  # alike again, not settled yet
-        word.stepped(3, PLAIN, 3, 4.5 + step / 10)
-    figures = word.turns.arms
-    assert figures[(2, DRAFT)].turns == 1 and figures[(2, DRAFT)].rate == 24.0
-    assert all(figures[key].turns == 0 for key in figures if key != (2, DRAFT))
 
 
 def test_the_word_plain_makes_the_controller_ask_for_target_only_rounds_and_nothing_else():
