@@ -43,10 +43,6 @@ class Stack:
             "MIRROR_SD_GATEWAY__AUTH_DISABLED": "false" if auth else "true",
             "MIRROR_SD_NUM_THREADS": "1",
             "MIRROR_SD_TELEMETRY__METRICS_PORT": str(self.telemetry_port),
-            # the verify workers' word on their load (verify_worker/load_word.py) turns a load to target-only rounds
-            # where tiny random models happen to measure them faster: tests of drafting features would see no
-            # drafts, at random (`mirror-sd up` tests run with it; test_verify_worker and test_load_word test it)
-            "MIRROR_SD_WORKER__LOAD_WORD": "false",
             **(env or {}),
         }
         pools = verify_pools or [pool] * verify_workers
