@@ -6,8 +6,12 @@ hands each turn's pipeline (its blocks, and the control look riding with
 them) to this thread and drafts on at once: the speculation of the next
 block starts while the block just sent travels.
 
-Jobs go out one by one in the order handed over, on one thread, so a
-session's blocks reach Redis in order (a chained block after its parent).
+Jobs go out in the order handed over, on one thread, so a session's blocks
+reach Redis in order (a chained block after its parent). Jobs handed over
+while a pipeline is out go together in the next one: a busy outbox costs a
+push at most one round trip of waiting, whatever the number of jobs. Each
+job gets a ticket, and `done_through` says how far they have gone (a
+branch waits for its parent's push: draft_worker/driver.py).
 The driver's rare direct writes (a failover's resend, a stream's close)
 flush the outbox first, so they too come after what was handed over before.
 A job that fails (Redis away) is reported back: the driver then backs off
@@ -37,6 +41,7 @@ class Job:
     pushes: list[tuple[str, bytes]] = field(default_factory=list)
     look_keys: list[str] = field(default_factory=list)
     context: object = None  # the driver's, handed back with the outcome (the sessions looked at)
+    ticket: int = 0  # its place in the order handed over (Outbox.send)
 
 
 @dataclass
@@ -56,10 +61,17 @@ class Outbox(threading.Thread):
         self.on_round_trip = on_round_trip
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._outcomes: deque[Outcome] = deque()
+        self._handed = 0
+        self._handing = threading.Lock()
+        self.done_through = 0  # every job up to this ticket has gone (or failed)
 
-    def send(self, job: Job) -> None:
-        """Hand a job over; returns at once."""
-        self._jobs.put(job)
+    def send(self, job: Job) -> int:
+        """Hand a job over; returns its ticket at once."""
+        with self._handing:
+            self._handed += 1
+            job.ticket = self._handed
+            self._jobs.put(job)
+        return job.ticket
 
     def flush(self) -> None:
         """Return once every job handed over so far has gone (or failed), or the worker is stopping."""
@@ -78,29 +90,39 @@ class Outbox(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                job = self._jobs.get(timeout=0.5)
+                jobs = [self._jobs.get(timeout=0.5)]
             except queue.Empty:
                 continue
+            while True:  # and every job handed over meanwhile: one pipeline for all
+                try:
+                    jobs.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                self._outcomes.append(self._execute(job))
-                if job.look_keys:
-                    self.wake.set()
+                self._outcomes.extend(self._execute(jobs))
             except redis.RedisError as exc:
-                self._outcomes.append(Outcome(job, error=exc))
-                self.wake.set()
+                self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
             except Exception as exc:  # never lose the thread: the driver hears of it as of a Redis error
                 logger.exception("draft outbox: a push failed")
-                self._outcomes.append(Outcome(job, error=exc))
-                self.wake.set()
+                self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
             finally:
-                self._jobs.task_done()
+                self.done_through = jobs[-1].ticket
+                for _ in jobs:
+                    self._jobs.task_done()
+                self.wake.set()  # the driver may be waiting for it: look replies, a branch behind its parent
 
-    def _execute(self, job: Job) -> Outcome:
+    def _execute(self, jobs: list[Job]) -> list[Outcome]:
         with self.client.pipeline(transaction=False) as pipe:
-            for queue_name, payload in job.pushes:
-                pipe.rpush(queue_name, payload)
-            for key in job.look_keys:
-                pipe.exists(key)
+            for job in jobs:
+                for queue_name, payload in job.pushes:
+                    pipe.rpush(queue_name, payload)
+                for key in job.look_keys:
+                    pipe.exists(key)
             self.on_round_trip()
             replies = pipe.execute()
-        return Outcome(job, look_flags=replies[len(job.pushes):])
+        outcomes, at = [], 0
+        for job in jobs:
+            at += len(job.pushes)
+            outcomes.append(Outcome(job, look_flags=replies[at:at + len(job.look_keys)]))
+            at += len(job.look_keys)
+        return outcomes
