@@ -123,9 +123,6 @@ class SessionDriver(threading.Thread):
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
         self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
-        # branches (services/speculative/branching.py) go on a connection of their own, each once its parent's
-        # push has gone: over a slow link a push waits a round trip, and they must not hold up the blocks
-        self.branch_outbox = Outbox(client, self._wake, self.stopping, lambda: None)
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -144,7 +141,6 @@ class SessionDriver(threading.Thread):
         logger.info("draft driver %s: verdicts on %s", self.worker_id, self.inbox)
         self.listener.start()
         self.outbox.start()
-        self.branch_outbox.start()
         backoff = 0.0  # > 0 while Redis is away
         while not self.stopping.is_set():
             try:
@@ -217,23 +213,21 @@ class SessionDriver(threading.Thread):
         return blocks_ahead(self.blocks_ahead_setting, self.meter.redis_rtt_ms, self._verify_ms)
 
     def _chained_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
-        """Speculated blocks ready to go ahead of their parents' verdicts, and branches (services/speculative/
-        branching.py)."""
+        """Speculated blocks ready to go ahead of their parents' verdicts."""
         depth = self.blocks_ahead
         blocks = []
         for handle in self._handles.values():
             if handle.session.in_flight is not None:
                 handle.session.blocks_ahead = depth
-                for block in (handle.session.chained_block(), handle.session.branch_block(self.outbox.done_through)):
-                    if block is not None:
-                        blocks.append((handle, block))
+                block = handle.session.chained_block()
+                if block is not None:
+                    blocks.append((handle, block))
         return blocks
 
     def _chain_ready(self) -> bool:
         depth = self.blocks_ahead
-        return depth > 1 and any(h.session.in_flight is not None and (
-            h.session.ahead_ready(depth) or h.session.branch_ready(self.outbox.done_through))
-            for h in self._handles.values())
+        return depth > 1 and any(h.session.in_flight is not None and h.session.ahead_ready(depth)
+                                 for h in self._handles.values())
 
     def _next_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
         """Every due session's next block, the drafting of all of them in one batched call (a model draft
@@ -352,26 +346,19 @@ class SessionDriver(threading.Thread):
         now on. False when there was no block (the look then may go alone)."""
         if not outgoing:
             return False
+        pushes = []
         sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
-        blocks, branches = [], []
         for handle, block in outgoing:
             session = handle.session
-            if block.parent_id and session.parent_unpushed(block, self.branch_outbox.done_through):
-                self.branch_outbox.flush()  # a block chained to a branch whose push is still out: after it
             # a chained block goes where its parent is; the others to the sticky worker
             worker = session.in_flight.worker if block.parent_id else session.sticky_worker
             queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(
                 session.spec.pool)
-            (branches if block.assumed_accepted >= 0 else blocks).append((session, block, worker, queue))
-        for outbox, group, keys in ((self.outbox, blocks, self._look_keys(look)), (self.branch_outbox, branches, [])):
-            if not group and not (keys and outbox is self.outbox):
-                continue
-            payloads = [block.encode() for _, block, _, _ in group]
-            ticket = outbox.send(Job([(queue, payload) for (_, _, _, queue), payload in zip(group, payloads)], keys,
-                                     context=look if outbox is self.outbox else None))
-            for (session, block, worker, _), payload in zip(group, payloads):
-                session.sent(block, payload, worker, sent_at, sent_wall, ticket=ticket)
-                self._due.pop(session.request_id, None)
+            payload = block.encode()
+            pushes.append((queue, payload))
+            session.sent(block, payload, worker, sent_at, sent_wall)
+            self._due.pop(session.request_id, None)
+        self.outbox.send(Job(pushes, self._look_keys(look), context=look))
         return True
 
     @staticmethod
@@ -383,7 +370,7 @@ class SessionDriver(threading.Thread):
         """The outbox's news: control looks to apply; a failed push (Redis away) raises here, so the loop
         backs off and then sends every block in flight again."""
         failed = None
-        for outcome in [*self.outbox.outcomes(), *self.branch_outbox.outcomes()]:
+        for outcome in self.outbox.outcomes():
             if outcome.error is not None:
                 failed = outcome.error
             elif outcome.job.context:

@@ -9,9 +9,8 @@ block starts while the block just sent travels.
 Jobs go out in the order handed over, on one thread, so a session's blocks
 reach Redis in order (a chained block after its parent). Jobs handed over
 while a pipeline is out go together in the next one: a busy outbox costs a
-push at most one round trip of waiting, whatever the number of jobs. Each
-job gets a ticket, and `done_through` says how far they have gone (a
-branch waits for its parent's push: draft_worker/driver.py).
+push at most one round trip of waiting, however many jobs queue behind it
+(one pipeline a job would cost each a round trip more than the one before).
 The driver's rare direct writes (a failover's resend, a stream's close)
 flush the outbox first, so they too come after what was handed over before.
 A job that fails (Redis away) is reported back: the driver then backs off
@@ -41,7 +40,6 @@ class Job:
     pushes: list[tuple[str, bytes]] = field(default_factory=list)
     look_keys: list[str] = field(default_factory=list)
     context: object = None  # the driver's, handed back with the outcome (the sessions looked at)
-    ticket: int = 0  # its place in the order handed over (Outbox.send)
 
 
 @dataclass
@@ -61,17 +59,10 @@ class Outbox(threading.Thread):
         self.on_round_trip = on_round_trip
         self._jobs: queue.Queue[Job] = queue.Queue()
         self._outcomes: deque[Outcome] = deque()
-        self._handed = 0
-        self._handing = threading.Lock()
-        self.done_through = 0  # every job up to this ticket has gone (or failed)
 
-    def send(self, job: Job) -> int:
-        """Hand a job over; returns its ticket at once."""
-        with self._handing:
-            self._handed += 1
-            job.ticket = self._handed
-            self._jobs.put(job)
-        return job.ticket
+    def send(self, job: Job) -> None:
+        """Hand a job over; returns at once."""
+        self._jobs.put(job)
 
     def flush(self) -> None:
         """Return once every job handed over so far has gone (or failed), or the worker is stopping."""
@@ -100,16 +91,18 @@ class Outbox(threading.Thread):
                     break
             try:
                 self._outcomes.extend(self._execute(jobs))
+                if any(job.look_keys for job in jobs):
+                    self.wake.set()
             except redis.RedisError as exc:
                 self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
+                self.wake.set()
             except Exception as exc:  # never lose the thread: the driver hears of it as of a Redis error
                 logger.exception("draft outbox: a push failed")
                 self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
+                self.wake.set()
             finally:
-                self.done_through = jobs[-1].ticket
                 for _ in jobs:
                     self._jobs.task_done()
-                self.wake.set()  # the driver may be waiting for it: look replies, a branch behind its parent
 
     def _execute(self, jobs: list[Job]) -> list[Outcome]:
         with self.client.pipeline(transaction=False) as pipe:

@@ -55,13 +55,6 @@ class SpeculativeSettings(BaseModel):
                                       "is at least this long opens with one target-only round, and the draft "
                                       "prefills its KV while the target prefills (TTFT: the target's prefill "
                                       "alone, not the draft's first); 0 = always draft the first block")
-    branches: int = Field(2, ge=0, le=8, description="remote drafts with blocks ahead, greedy sessions of a "
-                          "model draft: per block out, up to N blocks drafted for its likeliest rejections "
-                          "(the draft's second choice where its first may be rejected), so a rejection finds "
-                          "its next block at the verify worker instead of waiting a trip over the link; "
-                          "drafted only when the draft has nothing else to draft; 0 = none")
-    min_branch_chance: float = Field(0.05, ge=0.0, le=1.0, description="a branch is drafted where the draft's "
-                                     "own probabilities give the target's path at least this chance of taking it")
     draft_context_tokens: int = Field(256, ge=0, description="a model draft reads only the last N tokens of a "
                                       "prompt (and all that follows): a long prompt costs it N tokens of "
                                       "prefill and shorter attention; prompt lookup still reads it all; 0 = "

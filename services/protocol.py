@@ -338,9 +338,6 @@ class DraftBlock(Message):
     block_id: int = 0
     parent_id: int = 0
     assumed_bonus: int = -1
-    # A branch (services/speculative/branching.py): the parent's draft tokens it assumes accepted before the
-    # target's token at that position is assumed_bonus (-1: the whole parent, a plain chained block)
-    assumed_accepted: int = -1
 
 
 @dataclass

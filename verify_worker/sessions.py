@@ -220,19 +220,17 @@ class VerifySession:
         return block.parent_id in (self.block.block_id, *(parked.block_id for parked in self.parked))
 
     def next_in_chain(self) -> DraftBlock | None:
-        """After a block's verdict (last_block, last_verdict): the parked child whose assumption held (its
-        chained block, or one of its branches: services/speculative/branching.py), with the blocks sent after
-        that child still parked behind it; else None and every parked block is dropped (its sender sees the
-        same verdict and drafts again from it)."""
+        """After a block's verdict (last_block, last_verdict): its parked child when the child's assumption
+        held (the rest of the chain stays parked behind it), else None and the whole chain is dropped (its
+        sender sees the same verdict and drafts again from it)."""
         parked, self.parked = self.parked, []
         parent, verdict = self.last_block, self.last_verdict
         if parent is None or verdict is None or self.target.finished:
             return None
-        child = next((block for block in parked if block.parent_id == parent.block_id
-                      and chain_holds(verdict, parent, block)), None)
-        if child is None:
+        child = next((block for block in parked if block.parent_id == parent.block_id), None)
+        if child is None or not chain_holds(verdict, parent, child):
             return None
-        self.parked = descendants(child, parked)
+        self.parked = [block for block in parked if block is not child]
         return child
 
     def answered(self, verdict: Verdict) -> None:
@@ -246,16 +244,6 @@ class VerifySession:
         after_opening = opening and self.draft_after_opening and bridges(self.spec.sampling, self.spec.route)
         if (self.may_bridge or after_opening) and not verdict.finished and self.local is None:
             self.bridge_from = (self.round, self.target.num_committed)
-
-
-def descendants(root: DraftBlock, blocks: list[DraftBlock]) -> list[DraftBlock]:
-    """Of `blocks`, those chained after `root`, at any depth (a sibling's line is dropped with it)."""
-    line, ids = [], {root.block_id}
-    for block in sorted(blocks, key=lambda block: block.block_id):  # a child is numbered after its parent
-        if block.parent_id in ids:
-            line.append(block)
-            ids.add(block.block_id)
-    return line
 
 
 Reuse = Callable[[TargetSession, str | None], int]  # a new session's KV from a common prefix of the same salt

@@ -48,10 +48,7 @@ class SpeculationState:
     block, in two calls, exactly as that round would draft it."""
 
     def __init__(self, drafter: Drafter, context: Sequence[int], next_length: int, sampling: SamplingParams,
-                 generator: torch.Generator | None, guess_generator: torch.Generator | None = None,
-                 assumed: int | None = None) -> None:
-        """assumed: a token taken as the target's next one instead of the drafter's guess (a branch's,
-        services/speculative/branching.py): only the block after it is drafted."""
+                 generator: torch.Generator | None, guess_generator: torch.Generator | None = None) -> None:
         self.drafter = drafter
         self.context = list(context)  # committed + block k, assumed accepted whole
         self.next_length = next_length
@@ -59,8 +56,8 @@ class SpeculationState:
         self.generator = generator  # round k+1's own stream
         self.guess_generator = guess_generator or generator
         self.stepwise = bool(getattr(drafter, "stepwise", False))
-        self.tokens: list[int] = [] if assumed is None else [assumed]
-        self.probs: list[torch.Tensor | None] = [None] * len(self.tokens)  # per token; None: a point mass
+        self.tokens: list[int] = []
+        self.probs: list[torch.Tensor | None] = []  # per token; None: a point mass
         self.elapsed_s = 0.0
         self.stalled = False  # the drafter had nothing more to propose
         self.drafted_at = 0.0  # wall clock (time.time) when its last token was drafted
@@ -217,8 +214,6 @@ class DraftTiming:
     chained_rounds: int = 0  # rounds whose block was verified ahead of its parent's verdict reaching the draft
     chains_broken: int = 0  # verdicts that dropped the blocks sent after theirs
     caught_up_rounds: int = 0  # rounds bridged while the draft prefilled, taken from the stream before drafting
-    branches_sent: int = 0  # blocks sent for a block's likely rejections (services/speculative/branching.py)
-    branch_rounds: int = 0  # rounds whose block was one of those (counted in chained_rounds too)
 
     def as_fields(self) -> dict[str, float]:
         return {
@@ -230,6 +225,4 @@ class DraftTiming:
             "chained_rounds": float(self.chained_rounds),
             "chains_broken": float(self.chains_broken),
             "caught_up_rounds": float(self.caught_up_rounds),
-            "branches_sent": float(self.branches_sent),
-            "branch_rounds": float(self.branch_rounds),
         }

@@ -18,10 +18,7 @@ Round r's randomness is the stream ("draft", r), wherever it is drafted.
 Blocks ahead: a speculated block may go out before the verdict it assumes
 (`chained_block()`, up to `blocks_ahead` out), chained to the block before
 it; a verdict then either promotes the next block out to the one in flight
-or drops them all (services/speculative/chaining.py). With the drafting done,
-a greedy session drafts branches of the blocks out (`branch_block()`): blocks
-for their likeliest rejections, one of which a verdict may promote instead
-(services/speculative/branching.py).
+or drops them all (services/speculative/chaining.py).
 """
 
 from __future__ import annotations
@@ -37,10 +34,9 @@ from services import protocol
 from services.config import SpeculativeSettings
 from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
-from services.models.drafters.batched import DraftCall, bound_draft_context, engine_drafter
+from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
-from services.speculative.branching import BranchPoint, Choice, branch_points
 from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
 from services.speculative.stats import SpecDecodingStats, percentile
@@ -93,16 +89,6 @@ class InFlight:
     chained: bool = False  # block k+1 went out from that speculation, ahead of this block's verdict
     measured: bool = True  # its round trip is this side's (False: the gateway sent it, SessionSpec.opened)
     unanswered_periods: int = 0  # RESEND_AFTER_S periods its live worker let pass (draft_worker/driver.py)
-    # its push's place in its outbox's order (draft_worker/outbox.py; 0: not through one): the blocks' outbox, or
-    # for a branch the branches' own
-    ticket: int = 0
-    branch_ticket: int = 0
-    # branches (services/speculative/branching.py): the points still to draft (None: not planned yet), the one
-    # being drafted, and those sent
-    choices: dict[int, Choice] = field(default_factory=dict)  # the draft's two likeliest at its positions
-    branch_plan: list[BranchPoint] | None = None
-    branching: tuple[BranchPoint, SpeculationState] | None = None
-    branches: list["InFlight"] = field(default_factory=list)
 
     @property
     def ahead_of_verdict(self) -> bool:
@@ -164,11 +150,6 @@ class DraftSession:
         self.ahead: list[InFlight] = []
         self.blocks_ahead = 1
         self.last_chained = False  # the last verdict answered a block sent ahead of its parent's verdict
-        # branches per block out (greedy sessions of a model draft that reports its two likeliest tokens)
-        # its `choices`: the two likeliest tokens where it drafted (a model draft's, a synthetic draft's)
-        self._chooser = self.drafter if hasattr(self.drafter, "choices") else engine_drafter(self.drafter)
-        self.branches_per_block = speculative.branches if self.sampling.greedy and self._chooser is not None else 0
-        self.min_branch_chance = speculative.min_branch_chance
         self._block_serial = 0
         self._said_plain = False
         self.finish_reason: str | None = None
@@ -214,8 +195,7 @@ class DraftSession:
 
     def _make_block(self, draft_ids: list[int], probs: torch.Tensor | None, num_rounds: int = 1, *,
                     round_index: int | None = None, num_committed: int | None = None,
-                    parent: DraftBlock | None = None, assumed_bonus: int = -1,
-                    assumed_accepted: int = -1) -> DraftBlock:
+                    parent: DraftBlock | None = None, assumed_bonus: int = -1) -> DraftBlock:
         self._block_serial += 1
         return DraftBlock(
             request_id=self.request_id,
@@ -229,7 +209,6 @@ class DraftSession:
             block_id=self._block_serial,
             parent_id=parent.block_id if parent is not None else 0,
             assumed_bonus=assumed_bonus,
-            assumed_accepted=assumed_accepted,
         )
 
     def draft_call(self) -> DraftCall | None:
@@ -278,39 +257,20 @@ class DraftSession:
         return self._streams[round_index]
 
     def sent(self, block: DraftBlock, payload: bytes, worker: str | None, sent_at: float | None = None,
-             sent_wall: float | None = None, ticket: int = 0) -> None:
-        """sent_at (perf_counter) and sent_wall (time.time): when the push began (default: now); ticket: the
-        push's in its outbox. A chained block (chained_block()'s) goes behind the blocks out, a branch
-        (branch_block()'s) beside its parent's, the others are the block in flight."""
+             sent_wall: float | None = None) -> None:
+        """sent_at (perf_counter) and sent_wall (time.time): when the push began (default: now). A chained
+        block (chained_block()'s) goes behind the blocks out, the others are the block in flight."""
         flight = InFlight(block, payload, worker, time.perf_counter() if sent_at is None else sent_at,
                           time.time() if sent_wall is None else sent_wall)
-        if block.assumed_accepted >= 0:
-            flight.branch_ticket = ticket
-        else:
-            flight.ticket = ticket
-        if block.assumed_accepted >= 0:  # a branch: beside its parent's chained block, not after it
-            parent = next(f for f in self._out() if f.block.block_id == block.parent_id)
-            flight.context = [*parent.context[:block.num_committed - 1], block.assumed_bonus, *block.draft_ids]
-            parent.branches.append(flight)
-        elif block.parent_id:
+        if block.parent_id:
             tail = self._tail()
             assert tail is not None and tail.block.block_id == block.parent_id, "a chained block without its parent"
             flight.context = [*tail.context, block.assumed_bonus, *block.draft_ids]
             tail.chained = True
-            tail.choices.update(self._drafted_choices(len(tail.context), 1))  # the bonus guess's
             self.ahead.append(flight)
         else:
             flight.context = [*self.committed, *block.draft_ids]
             self.in_flight = flight
-        flight.choices = self._drafted_choices(len(flight.context) - len(block.draft_ids), len(block.draft_ids))
-
-    def _drafted_choices(self, start: int, count: int) -> dict[int, Choice]:
-        """The draft's two likeliest tokens at `count` context positions from `start`, as drafted just now
-        (later drafting, a branch's included, moves the draft's KV elsewhere)."""
-        if not self.branches_per_block:
-            return {}
-        choices = self._chooser.choices
-        return {p: choices[p] for p in range(start, start + count) if p in choices}
 
     def drop_ahead(self) -> None:
         """Forget the blocks sent ahead (a failover or a resend: the block in flight goes again alone, and
@@ -319,15 +279,10 @@ class DraftSession:
         if self.in_flight is not None:
             self.in_flight.chained = False
             self.in_flight.speculating = None
-            self.in_flight.branches, self.in_flight.branching, self.in_flight.branch_plan = [], None, []
         self._restart_streams(self.round + 1)
 
     def _tail(self) -> InFlight | None:
         return self.ahead[-1] if self.ahead else self.in_flight
-
-    def _out(self) -> list[InFlight]:
-        """The blocks out whose verdicts this side awaits, in order (branches not included)."""
-        return [self.in_flight, *self.ahead] if self.in_flight is not None else []
 
     @property
     def in_opening(self) -> bool:
@@ -362,12 +317,6 @@ class DraftSession:
         tail = self._tail()
         if not self.pipelined or tail is None or tail.chained:
             return None
-        state = self._tail_speculation(tail)
-        if state is not None and not state.done:
-            return state
-        return self._branch_speculation() or state
-
-    def _tail_speculation(self, tail: InFlight) -> SpeculationState | None:
         if not tail.block.draft_ids and tail.block is not self._opening_block:
             return None  # target-only rounds: the next block is drafted from their verdict
         if tail.speculating is None:
@@ -393,76 +342,6 @@ class DraftSession:
         return self._make_block(speculation.draft_ids, speculation.draft_probs, 1, round_index=tail.block.round + 1,
                                 num_committed=len(tail.context) + 1, parent=tail.block,
                                 assumed_bonus=speculation.bonus_guess)
-
-    def _branch_speculation(self) -> SpeculationState | None:
-        """The branch to draft next, once the speculation after the last block out is done: the likeliest point
-        still to branch of the earliest block out (services/speculative/branching.py). None when there is none,
-        or a drafted branch waits to be sent."""
-        if not self.branches_per_block or self.blocks_ahead <= 1 or self.in_flight is None \
-                or self.in_flight.worker is None:
-            return None
-        out = self._out()
-        for index, flight in enumerate(out):
-            if flight.branch_plan is None:
-                if index + 1 < len(out):
-                    guess = out[index + 1].block.assumed_bonus
-                else:  # the last block out: its speculation (done) just drafted the guess
-                    speculating = flight.speculating
-                    guess = speculating.tokens[0] if speculating is not None and speculating.tokens else None
-                    flight.choices.update(self._drafted_choices(len(flight.context), 1))
-                flight.branch_plan = self._plan_branches(flight, guess)
-        for flight in out:
-            if flight.branching is not None:
-                _, state = flight.branching
-                return None if state.done else state
-            if flight.branch_plan:
-                point = flight.branch_plan.pop(0)
-                start = len(flight.context) - len(flight.block.draft_ids)
-                gamma = self.controller.after(len(flight.block.draft_ids), point.accepted)
-                length = self._block_length(gamma, start + point.accepted + 1 - len(self.spec.prompt_ids))
-                if length <= 0:
-                    continue
-                state = SpeculationState(self.drafter, flight.context[:start + point.accepted], length,
-                                         self.sampling, None, assumed=point.token)
-                flight.branching = (point, state)
-                return state
-        return None
-
-    def _plan_branches(self, flight: InFlight, guess: int | None) -> list[BranchPoint]:
-        draft_ids = flight.block.draft_ids
-        if not draft_ids or flight.block.num_rounds != 1:
-            return []
-        path = [*draft_ids, guess] if guess is not None else list(draft_ids)
-        return branch_points(len(flight.context) - len(draft_ids), path, flight.choices, self.branches_per_block,
-                             self.min_branch_chance)
-
-    def branch_block(self, pushed_through: int = 0) -> DraftBlock | None:
-        """A branch drafted and ready to go to the verify worker of the blocks out, once its parent's push
-        has gone (its ticket at most `pushed_through`; it goes on a connection of its own, and must not
-        overtake its parent)."""
-        for flight in self._out():
-            if flight.branching is None or not flight.branching[1].done or flight.ticket > pushed_through:
-                continue
-            (point, state), flight.branching = flight.branching, None
-            speculation = state.result()
-            if speculation is None or not speculation.draft_ids:
-                continue
-            start = len(flight.context) - len(flight.block.draft_ids)
-            self.timing.branches_sent += 1
-            return self._make_block(speculation.draft_ids, None, 1, round_index=flight.block.round + 1,
-                                    num_committed=start + point.accepted + 1, parent=flight.block,
-                                    assumed_bonus=point.token, assumed_accepted=point.accepted)
-        return None
-
-    def branch_ready(self, pushed_through: int = 0) -> bool:
-        return any(flight.branching is not None and flight.branching[1].done and flight.ticket <= pushed_through
-                   for flight in self._out())
-
-    def parent_unpushed(self, block: DraftBlock, branches_pushed_through: int) -> bool:
-        """`block` is chained to a branch whose push (on the branches' own connection) has not gone yet."""
-        tail = self._tail()
-        return tail is not None and tail.block.block_id == block.parent_id \
-            and tail.block.assumed_accepted >= 0 and tail.branch_ticket > branches_pushed_through
 
     def ahead_ready(self, depth: int) -> bool:
         """A block could go ahead now, with `depth` blocks allowed out."""
@@ -519,9 +398,6 @@ class DraftSession:
             self.finish_reason = verdict.finish_reason or "stop"
             self.ahead = []
             return True
-        branch = next((b for b in flight.branches if chain_holds(verdict, flight.block, b.block)), None)
-        if branch is not None:
-            return self._follow_branch(branch, verdict)
         if self.ahead:
             return self._follow_chain(flight, verdict, speculation)
         if speculation is not None and not flight.chained and \
@@ -577,19 +453,6 @@ class DraftSession:
             return False
         self.ahead = []
         self.timing.chains_broken += 1
-        self._restart_streams(self.round)
-        return False
-
-    def _follow_branch(self, branch: InFlight, verdict: Verdict) -> bool:
-        """A verdict that rejected where a branch assumed, with the token it assumed: the verify worker is on that
-        branch already and it is the block in flight now; the blocks chained after the parent are dropped."""
-        renumbered = followed(branch.block, verdict)
-        if renumbered is not branch.block:
-            branch.block, branch.payload = renumbered, renumbered.encode()
-        branch.sent_at, branch.sent_wall = time.perf_counter(), time.time()
-        self.in_flight, self.ahead = branch, []
-        self.timing.branch_rounds += 1
-        self.timing.chained_rounds += 1
         self._restart_streams(self.round)
         return False
 

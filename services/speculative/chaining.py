@@ -25,29 +25,20 @@ from services.protocol import DraftBlock, Verdict
 MAX_BLOCKS_AHEAD = 4  # the auto depth's ceiling: every level deeper is drafted on a longer shot
 
 
-def assumed_accepted(parent: DraftBlock, child: DraftBlock) -> int:
-    """How many of the parent's draft tokens the child assumes accepted: all of them for a chained block, fewer
-    for a branch (services/speculative/branching.py)."""
-    return len(parent.draft_ids) if child.assumed_accepted < 0 else child.assumed_accepted
-
-
 def chain_holds(verdict: Verdict, parent: DraftBlock, child: DraftBlock) -> bool:
     """The child's assumption, checked against its parent's verdict: the verdict is a real verification of
-    that very parent (a one-round block), the parent's tokens accepted as far as the child assumed, the
-    request goes on, and the target's token after them is the child's assumed one (the guessed bonus, or a
-    branch's guess of the token that replaces a rejected one): the child's context is then exactly what was
-    committed, nothing more. The verdict may cover target-only rounds bridged before the parent came
-    (services/speculative/bridging.py): its tokens were checked against them."""
-    accepted = assumed_accepted(parent, child)
+    that very parent (a one-round block), all of it accepted, the request goes on, and the bonus token is the
+    child's guess (so the child's context is exactly what was committed: the parent's tokens and the bonus,
+    nothing more). The verdict may cover target-only rounds bridged before the parent came (services/
+    speculative/bridging.py): its tokens were checked against them."""
     return (
         child.parent_id != 0
         and child.parent_id == parent.block_id == verdict.block_id
         and bool(verdict.worker_id)
         and parent.num_rounds == 1
         and not verdict.finished
-        and accepted <= len(parent.draft_ids)
-        and verdict.num_accepted == accepted
-        and len(verdict.committed_ids) == accepted + 1
+        and verdict.num_accepted == len(parent.draft_ids)
+        and len(verdict.committed_ids) == len(parent.draft_ids) + 1
         and verdict.committed_ids[-1] == child.assumed_bonus
         and verdict.num_committed == child.num_committed
     )

@@ -174,37 +174,6 @@ def test_a_chained_block_arriving_after_its_parents_verdict_is_checked_on_it(cli
     assert verdicts(client)[-1].num_accepted == 2 and output_tokens(client, "r") == out[:6]
 
 
-def branch(parent: DraftBlock, block_id: int, accepted: int, token: int, draft_ids) -> DraftBlock:
-    """A block sent beside `parent`'s chained block, for a rejection after `accepted` of its tokens with
-    `token` in place of the next (services/speculative/branching.py)."""
-    return block(parent.round + 1, parent.num_committed + accepted + 1, draft_ids, block_id=block_id,
-                 parent_id=parent.block_id, assumed_bonus=token, assumed_accepted=accepted)
-
-
-def test_a_rejection_where_a_branch_assumed_goes_on_with_that_branch_and_drops_the_chain(client, worker):
-    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
-    out = greedy(worker, 20)
-    first = block(0, len(PROMPT), [out[0], (out[1] + 1) % 96, out[2]], block_id=1)  # rejected at its 2nd token
-    whole = chained(first, 2, out[3], out[4:6])  # assumed it accepted whole: dropped
-    after_whole = chained(whole, 3, out[6], out[7:9])  # and the line after it
-    other_token = branch(first, 4, 1, (out[1] + 2) % 96, out[2:4])  # the right point, another token: dropped
-    other_point = branch(first, 5, 2, out[2], out[3:5])  # another point: dropped
-    right = branch(first, 6, 1, out[1], [out[2], out[3], (out[4] + 1) % 96])  # holds, then a rejection
-    client.rpush(verify_pool_queue("cpu"), first.encode())
-    worker.turn(0.05)  # the parent is in hand: its children park behind it, in any order
-    client.rpush(verify_pool_queue("cpu"), *(b.encode() for b in (after_whole, other_point, whole, right,
-                                                                  other_token)))
-    while len(verdicts(client)) < 2:
-        worker.turn(0.1)
-    for _ in range(3):
-        worker.turn(0.05)
-    got = verdicts(client)
-    assert [(v.round, v.block_id, v.num_accepted) for v in got] == [(0, 1, 1), (1, 6, 2)]
-    assert output_tokens(client, "r") == out[:5]  # out[0], the target's out[1], the branch's two, its correction
-    session = worker.sessions.get("r")
-    assert not session.has_work and session.parked == [] and session.round == 2
-
-
 def lose_last_events(client, count: int) -> None:
     """What a failover's new primary lacks: the last `count` events of the stream."""
     for entry_id, _ in client.xrevrange(output_stream("r"), count=count):

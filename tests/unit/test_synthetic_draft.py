@@ -103,19 +103,3 @@ def test_labels_say_what_is_synthetic():
     assert worker_synthetic("smollm2-135m") is None
     assert "random weights" in worker_synthetic("random-tiny")
     assert "chosen" in worker_synthetic("random-tiny", "synthetic:0.9@8ms")
-
-
-def test_its_second_choice_is_the_targets_token_wherever_its_first_is_wrong():
-    """As a model draft reports its two likeliest for branches (services/speculative/branching.py)."""
-    book = ReferenceBook()
-    book.add([1, 2, 3], list(range(10, 40)))
-    drafter = SyntheticDrafter(0.6, book, vocab_size=64, seed=2)
-    proposal = drafter.propose([1, 2, 3], 20, SamplingParams(), None)
-    truth = list(range(10, 30))
-    assert any(p != t for p, t in zip(proposal.token_ids, truth))  # some wrong, at this acceptance
-    for offset, (proposed, token) in enumerate(zip(proposal.token_ids, truth)):
-        choice = drafter.choices[3 + offset]
-        assert choice.first == proposed and choice.first_p == 0.6 and choice.second_p == pytest.approx(0.4)
-        assert choice.second == (token if proposed != token else token + 1)
-    drafter.release()
-    assert drafter.choices == {}

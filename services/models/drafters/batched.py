@@ -32,7 +32,6 @@ from services.models.decoder import ForwardRow
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
-from services.speculative.branching import Choice
 from services.speculative.params import SamplingParams
 from services.speculative.sampling import sample_from_probs, warp_logits
 
@@ -75,7 +74,6 @@ class DraftEngine:
             keep = drafter.kept_prefix(call.context_ids)
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
-            drafter.forget_choices(len(call.context_ids) - drafter.read_length(call.context_ids) + keep)
             pending.append(list(drafter.view(call.context_ids)[keep:]))
         while any(len(tokens) > self.chunk_size for tokens in pending):  # long prompts: chunks, no logits
             rows, owners = [], []
@@ -128,9 +126,7 @@ class DraftEngine:
                 for index in active:
                     call = calls[index]
                     if call.sampling.greedy:
-                        choice = two_likeliest(logits[index])
-                        token_id = choice.first
-                        call.drafter.choices[len(call.context_ids) + len(tokens[index])] = choice
+                        token_id = int(logits[index].argmax().item())
                     else:
                         row_probs = warp_logits(logits[index][None], call.sampling)  # [1, vocab]
                         token_id = int(sample_from_probs(row_probs, call.generator).item())
@@ -147,20 +143,6 @@ class DraftEngine:
                 for index in range(len(calls))]
 
 
-CHOICES_KEPT = 64  # positions behind the KV's end whose two likeliest tokens a drafter keeps
-
-
-def two_likeliest(logits: torch.Tensor) -> Choice:
-    """The two likeliest next tokens of a logits row [vocab], with their probabilities; the first is argmax's
-    (the greedy draft token, ties included)."""
-    row = logits.float()
-    _, ids = row.topk(2)
-    first = int(row.argmax())
-    second = int(ids[1]) if int(ids[0]) == first else int(ids[0])
-    norm = torch.logsumexp(row, dim=-1)
-    return Choice(first, float(torch.exp(row[first] - norm)), second, float(torch.exp(row[second] - norm)))
-
-
 class EngineDrafter:
     """A session's drafter on a shared DraftEngine: its own sequence in the draft model's KV store."""
 
@@ -172,9 +154,6 @@ class EngineDrafter:
         self.sequence = engine.engine.new_sequence()
         self.cached_ids: list[int] = []  # what the sequence holds: view(context)'s tokens, from its start
         self.start = 0  # the first context position the draft reads (bound_draft_context)
-        # greedy drafting's two likeliest tokens per context position it drafted at, while its KV still holds the
-        # context they came from (branches: services/speculative/branching.py)
-        self.choices: dict[int, Choice] = {}
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftProposal:
@@ -198,18 +177,11 @@ class EngineDrafter:
         """Tokens to prefill before a proposal from this context costs only its draft steps."""
         return max(0, self.read_length(context_ids) - 1 - self.kept_prefix(context_ids))
 
-    def forget_choices(self, kept: int) -> None:
-        """The KV keeps the first `kept` context positions: a choice at a later position may have come from
-        another context. Choices far behind are dropped too (a verdict has long settled them)."""
-        self.choices = {position: choice for position, choice in self.choices.items()
-                        if kept - CHOICES_KEPT <= position <= kept}
-
     def release(self) -> None:
         """Free the KV memory; the drafter stays usable (a new, empty sequence)."""
         self.sequence.release()
         self.sequence = self.draft_engine.engine.new_sequence()
         self.cached_ids.clear()
-        self.choices.clear()
 
 
 def engine_drafter(drafter: Drafter | None) -> EngineDrafter | None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from services.models.drafters.base import DraftProposal
 from services.models.synthetic_spec import ReferenceBook, SyntheticSpec, is_right, prompt_digest
-from services.speculative.branching import Choice
 from services.speculative.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ class SyntheticDrafter:
         self._reference: list[int] | None = None
         self._digest = ""
         self._looked = False
-        self.choices: dict[int, Choice] = {}
 
     def propose(
         self,
@@ -70,13 +68,6 @@ class SyntheticDrafter:
         truth = self._reference[start : start + num_draft_tokens]
         draft_ids = [token if is_right(self.seed, self._digest, start + offset, self.acceptance)
                      else (token + 1) % self.vocab_size for offset, token in enumerate(truth)]
-        # its two likeliest, as a model draft reports them (branches: services/speculative/branching.py): the
-        # acceptance on its proposal, the rest on the other of truth and miss, so a rejection's replacement is
-        # always its second choice, and every position looks alike (no ranking by confidence)
-        self.choices = {position: choice for position, choice in self.choices.items() if position >= start - 64}
-        for offset, (token, proposed) in enumerate(zip(truth, draft_ids)):
-            other = (token + 1) % self.vocab_size if proposed == token else token
-            self.choices[start + offset] = Choice(proposed, self.acceptance, other, 1.0 - self.acceptance)
         if draft_ids and self.spec.ms_per_token:
             self.sleep(self.spec.ms_per_token * len(draft_ids) / 1000)  # the modeled draft time, no CPU
         return DraftProposal(draft_ids, None)  # a point mass, like prompt lookup
@@ -84,4 +75,3 @@ class SyntheticDrafter:
     def release(self) -> None:
         self._reference = None
         self._looked = False
-        self.choices = {}
