@@ -123,5 +123,10 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         worker.serve(stop)
     finally:
         stop.set()
+        # the threads end before the interpreter does: the heartbeat's last write, the SQL records still queued
+        beat.join(timeout=settings.worker.heartbeat_interval_s + 5)
+        if recorder is not None:
+            recorder.close()
+            recorder.join(timeout=10)
         client.delete(heartbeat_key(worker_id))
         logger.info("verify worker %s stopped", worker_id)
