@@ -118,9 +118,14 @@ class VerifySession:
         return block is None or bool(block.draft_ids) or (block.round == 0 and not self.draft_after_opening)
 
     @property
+    def drafted_remotely(self) -> bool:
+        """A running speculative session whose draft is a draft worker's (not this worker's own: placement local)."""
+        return self.local is None and self.spec.route == "sd" and not self.target.finished
+
+    @property
     def _remote_speculative(self) -> bool:
-        """A running speculative session drafted by a draft worker, not waiting on target-only rounds it was told."""
-        return self.local is None and self.spec.route == "sd" and not self.target.finished and not self.told_plain
+        """Drafted remotely, and not waiting on target-only rounds it was told to send."""
+        return self.drafted_remotely and not self.told_plain
 
     @property
     def awaits_draft_call(self) -> bool:

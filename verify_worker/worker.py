@@ -482,11 +482,11 @@ class VerifyWorker:
             torch.set_num_threads(wanted)
         return wide
 
-    def _remote_speculative(self) -> list[VerifySession]:
-        return [s for s in self.sessions if s.spec.route == "sd" and s.local is None and not s.target.finished]
+    def _drafted_remotely(self) -> list[VerifySession]:
+        return [s for s in self.sessions if s.drafted_remotely]
 
     def _speculative_sessions(self) -> int:
-        return len(self._remote_speculative())
+        return len(self._drafted_remotely())
 
     def _word(self, load: int) -> str:
         """What this step's verdicts tell remote drafts about the load ("" without a word)."""
@@ -500,7 +500,7 @@ class VerifyWorker:
         """Per remote speculative session held, whether its draft worker drafts for it now or is about to: a
         waiting session's draft is taken to send target-only rounds when its last word at this load said so
         (verify_worker/draft_word.py)."""
-        remote = self._remote_speculative()
+        remote = self._drafted_remotely()
         waits_idle = self.draft_word.goes_plain(len(remote))
         return [session.keeps_a_draft_busy and not (session.awaits_draft_call and waits_idle)
                 and not session.opens_told_plain(self.last_word) for session in remote]

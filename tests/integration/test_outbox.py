@@ -19,7 +19,7 @@ def client():
 
 def test_jobs_handed_over_during_a_round_trip_go_in_one_pipeline_in_order(client):
     client.set("present", 1)
-    wake, stopping, out = threading.Event(), threading.Event(), threading.Event()
+    wake, stopping, out, released = threading.Event(), threading.Event(), threading.Event(), threading.Event()
     outbox = Outbox(client, wake, stopping, lambda: None)
     execute, batches = outbox._execute, []
 
@@ -30,7 +30,6 @@ def test_jobs_handed_over_during_a_round_trip_go_in_one_pipeline_in_order(client
             released.wait(5)
         return execute(jobs)
 
-    released = threading.Event()
     outbox._execute = slow_first
     outbox.start()
     try:
