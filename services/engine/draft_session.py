@@ -290,6 +290,12 @@ class DraftSession:
         return self.in_flight is not None and self.in_flight.block is self._opening_block
 
     @property
+    def opening_next(self) -> bool:
+        """Its next block is the target-only opening: the first token waits for the target's prefill alone,
+        and the draft's prefill can come after it."""
+        return self._plain_opening
+
+    @property
     def will_draft(self) -> bool:
         """Its next block, drafted now, would carry draft tokens (not target-only rounds)."""
         return self._block_length() > 0

@@ -169,7 +169,8 @@ def as_local(drafter, committed: list[int], tokens_left: int = 100) -> SimpleNam
     """What LocalDrafting.warm reads of a session: its draft half's drafter, committed context and how many
     tokens it may still produce."""
     return SimpleNamespace(local=SimpleNamespace(drafter=drafter, committed=committed, num_output=0,
-                                                 spec=SimpleNamespace(max_new_tokens=tokens_left)))
+                                                 spec=SimpleNamespace(max_new_tokens=tokens_left),
+                                                 opening_next=False))
 
 
 def test_lagging_drafts_catch_up_within_a_turns_budget_and_decode_plain_meanwhile(draft):
@@ -194,6 +195,19 @@ def test_lagging_drafts_catch_up_within_a_turns_budget_and_decode_plain_meanwhil
     assert cold_long.local.drafter.missing(cold_long.local.committed) == 0
     assert cold_short.local.drafter.missing(cold_short.local.committed) == 0
     assert synced.local.drafter.sequence.length == held  # not warmed: its draft call feeds the last tokens
+
+
+def test_a_session_whose_next_block_is_its_opening_is_caught_up_after_it(draft):
+    """The target-only opening goes first, its draft's prefill after it: a catch-up before would hold up the
+    first token."""
+    drafting = LocalDrafting(draft, SpeculativeSettings(), warm_tokens=20)
+    opening = as_local(draft.new_drafter(), list(range(1, 31)))
+    opening.local.opening_next = True
+    assert drafting.warm([opening], cap=2) == set()
+    assert opening.local.drafter.sequence.length == 0
+    opening.local.opening_next = False
+    assert drafting.warm([opening], cap=2) == {id(opening)}
+    assert opening.local.drafter.missing(opening.local.committed) == 29 - 20
 
 
 def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_runs_again(draft):
