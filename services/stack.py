@@ -177,21 +177,27 @@ def pinned_cores(names: list[str], cores: list[int]) -> dict[str, set[int]]:
 
 
 PLACEMENTS = ("auto", "local", "remote")
+LOCAL_MAX_CORES = 2  # placement auto drafts in the verify worker on a CPU box of this many cores or fewer
 
 
 def choose_placement(placement: str, device: str, cores: int | None = None) -> str:
-    """Where the draft runs on this box. `auto`: in the verify worker (local) when the target runs on the CPU
-    and there is no core to give a draft worker (one usable core: the two would only take turns on it);
-    otherwise in a draft worker of its own (remote), which pipelines, drafting the next block while the
-    target verifies. On a 2-core EPYC VM, local gave 0.96x of remote at one stream (no pipelining) and 0.86x
-    of the plain route at 8 streams, though more than both at 16 and 32 (docs/bench/colocated-2026-12-02):
-    `local` is there to be chosen, and is not yet the 2-core default."""
+    """Where the draft runs on this box. `auto`: in the verify workers (local) when the target runs on the CPU
+    of a box of at most LOCAL_MAX_CORES cores; otherwise in a draft worker of its own
+    (remote), which pipelines, drafting the next block while the target verifies, and is the fleet's layout.
+
+    On 2 cores a draft worker holds one of the two: drafted rounds then verify on one core, and the plain
+    route takes both only between drafts. Co-located drafting runs both halves on both cores, taking turns,
+    and measures per load whether drafting pays. On a 2-core AMX Xeon (docs/bench/colocated-2026-12-05),
+    two sittings, local against remote: 1.09x and 1.17x at one stream, 0.93x to 1.19x at 4 to 32 streams
+    (8 of 10 levels at or above), with the first token as soon as the plain route's. On a 2-core EPYC
+    (docs/bench/colocated-2026-12-02): 0.96x at one stream, 0.92x at 8, 1.04x to 1.19x at 4, 16 and 32.
+    Several verify workers (pools) on such a box share its cores out: a draft worker would take turns with them."""
     if placement not in PLACEMENTS:
         raise ValueError(f"draft placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if placement != "auto":
         return placement
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return "local" if device == "cpu" and cores < 2 else "remote"
+    return "local" if device == "cpu" and cores <= LOCAL_MAX_CORES else "remote"
 
 
 def verify_worker_threads(cores: int, *, model_draft: bool, local: bool, pin: bool, pools: bool,

@@ -28,8 +28,8 @@ def up(
         "(thermal drills on a CPU-only box), e.g. accel")] = None,
     draft_placement: Annotated[str, typer.Option(
         "--draft-placement", help="local: the verify workers draft for their own sessions on every core; remote: a "
-        "draft worker of its own (the fleet's layout); auto: local when the target runs on the CPU with one core, "
-        "else remote")] = "auto",
+        "draft worker of its own (the fleet's layout); auto: local when the target runs on the CPU of a box of "
+        "at most 2 cores, else remote")] = "auto",
     draft_link: Annotated[str | None, typer.Option(
         "--draft-link", metavar="RTT_MS[:JITTER_MS]", help="drafts at the edge: the draft worker reaches Redis "
         "(and its Celery broker) through a link that adds RTT_MS to every round trip, plus a random 0..JITTER_MS, "

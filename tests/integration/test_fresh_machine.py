@@ -1,6 +1,8 @@
 """A fresh machine whose llama.cpp build faults (a native build's AMX kernels on some Xeons): `mirror-sd up`
 still becomes ready, drafting with prompt lookup, says so once and everywhere an operator looks, serves greedy
-output identical to the target alone, and leaves no child behind when it is killed with SIGKILL.
+output identical to the target alone, and leaves no child behind when it is killed with SIGKILL. `up` runs with
+its defaults, so the worker that drafts is the one its placement picks on this box: the verify worker on 2
+cores or fewer (placement local), a draft worker beside it on more.
 
 The faulting build is tests/fixtures/faulty_llama_cpp, first on every child's PYTHONPATH."""
 
@@ -17,7 +19,7 @@ import psutil
 import pytest
 import redis
 
-from services.stack import free_port
+from services.stack import choose_placement, free_port
 from tests.conftest import REPO_ROOT
 from tests.integration.conftest import FAULTY_LLAMA_CPP, private_cache
 
@@ -39,18 +41,22 @@ def wait_ready(port: int, up: subprocess.Popen, log_path, timeout_s: float = 180
     raise AssertionError("not ready: " + log_path.read_text()[-4000:])
 
 
-def dashboard_shows_the_fallback(port: int) -> None:
-    """In a real headless Chromium: the badge on the draft worker's row, the sentence under the table, and the
-    processes of `up` (MIRROR_SD_FALLBACK_SCREENSHOT=path saves what it looks like)."""
+def dashboard_shows_the_fallback(port: int, drafter: str) -> None:
+    """In a real headless Chromium: the badge on the drafting worker's row (`drafter`: its id's prefix), the
+    sentence under the drafts' table, and the processes of `up` (MIRROR_SD_FALLBACK_SCREENSHOT=path saves what
+    it looks like)."""
+    table = "#pools" if drafter == "verify" else "#drafts"
     from tests.integration.browser import chromium_page
 
     with chromium_page(viewport={"width": 1400, "height": 1000}) as (page, errors):
         page.goto(f"http://127.0.0.1:{port}/dashboard")
-        page.wait_for_selector('#drafts .badge.alert:has-text("fallback (SIGSEGV)")', timeout=30_000)
+        page.wait_for_selector(f'{table} tr[data-worker^="{drafter}-"] .badge.alert:has-text("fallback (SIGSEGV)")',
+                               timeout=30_000)
         note = page.locator("#drafts .fallback-note").first.text_content()
-        assert re.fullmatch(r"draft-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with SIGSEGV in "
+        assert re.fullmatch(drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with SIGSEGV in "
                             r"llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with ngram instead", note)
-        page.wait_for_selector('#children tr[data-child="draft-worker"] td.state:has-text("running")', timeout=10_000)
+        child = "draft-worker" if drafter == "draft" else "verify-worker"
+        page.wait_for_selector(f'#children tr[data-child="{child}"] td.state:has-text("running")', timeout=10_000)
         if os.environ.get("MIRROR_SD_FALLBACK_SCREENSHOT"):
             page.screenshot(path=os.environ["MIRROR_SD_FALLBACK_SCREENSHOT"], full_page=False)
         assert not errors, errors
@@ -67,6 +73,7 @@ def chat(port: int, **extra) -> dict:
 def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path, redis_url):
     client = redis.Redis.from_url(redis_url)
     port = free_port()
+    drafter = "verify" if choose_placement("auto", "cpu") == "local" else "draft"  # the worker that drafts
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(FAULTY_LLAMA_CPP), str(REPO_ROOT)]),
            "MIRROR_SD_REDIS_URL": redis_url,
@@ -93,18 +100,19 @@ def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_
 
         status = subprocess.run([sys.executable, "-m", "services.cli", "status"], env=env, capture_output=True,
                                 text=True, timeout=60)
-        assert re.search(r"fallback: draft-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
+        assert re.search(r"fallback: " + drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
                          r"SIGSEGV in llama_decode .*; drafting with ngram instead", status.stdout), status.stdout
-        assert re.search(r"processes \(mirror-sd up\): .*draft-worker running", status.stdout), status.stdout
+        assert re.search(r"processes \(mirror-sd up\): .*verify-worker running", status.stdout), status.stdout
+        assert ("draft-worker running" in status.stdout) == (drafter == "draft"), status.stdout
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert re.search(r'mirror_sd:draft_fallback\{draft="gguf:smollm2-135m",fault="SIGSEGV",serving="ngram",'
-                         r'worker="draft-[^"]+"\} 1.0', metrics)
-        dashboard_shows_the_fallback(port)
+                         r'worker="' + drafter + r'-[^"]+"\} 1.0', metrics)
+        dashboard_shows_the_fallback(port, drafter)
         said = log_path.read_text()
         assert len(re.findall(r"draft gguf:smollm2-135m cannot run here", said)) == 2, said[-4000:]  # worker, up
 
         children = psutil.Process(up.pid).children(recursive=True)
-        assert len(children) >= 4  # gateway, draft worker, verify worker, telemetry
+        assert len(children) >= (4 if drafter == "draft" else 3)  # gateway, verify worker, telemetry, draft worker
         up.kill()  # kill -9 of the supervisor: no handler of its own runs
         up.wait(timeout=10)
         _, alive = psutil.wait_procs(children, timeout=5)
