@@ -180,7 +180,7 @@ PLACEMENTS = ("auto", "local", "remote")
 LOCAL_MAX_CORES = 2  # placement auto drafts in the verify worker on a CPU box of this many cores or fewer
 
 
-def choose_placement(placement: str, device: str, cores: int | None = None) -> str:
+def choose_placement(placement: str, device: str, cores: int | None = None, *, draft_worker: bool = False) -> str:
     """Where the draft runs on this box. `auto`: in the verify workers (local) when the target runs on the CPU
     of a box of at most LOCAL_MAX_CORES cores; otherwise in a draft worker of its own
     (remote), which pipelines, drafting the next block while the target verifies, and is the fleet's layout.
@@ -191,13 +191,15 @@ def choose_placement(placement: str, device: str, cores: int | None = None) -> s
     two sittings, local against remote: 1.09x and 1.17x at one stream, 0.93x to 1.19x at 4 to 32 streams
     (8 of 10 levels at or above), with the first token as soon as the plain route's. On a 2-core EPYC
     (docs/bench/colocated-2026-12-02): 0.96x at one stream, 0.92x at 8, 1.04x to 1.19x at 4, 16 and 32.
-    Several verify workers (pools) on such a box share its cores out: a draft worker would take turns with them."""
+    Several verify workers (pools) on such a box share its cores out: a draft worker would take turns with them.
+    draft_worker: what was asked needs a draft worker (a link in front of it, cores set apart for it): auto is
+    remote."""
     if placement not in PLACEMENTS:
         raise ValueError(f"draft placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if placement != "auto":
         return placement
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return "local" if device == "cpu" and cores <= LOCAL_MAX_CORES else "remote"
+    return "local" if device == "cpu" and cores <= LOCAL_MAX_CORES and not draft_worker else "remote"
 
 
 def verify_worker_threads(cores: int, *, model_draft: bool, local: bool, pin: bool, pools: bool,

@@ -140,8 +140,9 @@ class LocalDrafting:
         than a block (a new session's prompt; tokens committed by plain turns); the ids of the sessions still
         lagging, which decode plain this turn rather than hold every row up for their catch-up, and of those
         too close to their end for a catch-up to pay back (they decode plain to the end). A session whose next
-        block is its target-only opening is caught up after it: before, the catch-up would delay its first token
-        (a lone stream's TTFT went from 171 to 313 ms on a 2-core Xeon, docs/bench/colocated-2026-12-05)."""
+        block is its target-only opening is caught up after it: a catch-up before it delays its first token (a
+        lone stream's TTFT was 313 ms against the plain route's 171 on a 2-core Xeon,
+        docs/bench/colocated-2026-12-05)."""
         lagging, ending, before = [], set(), 0
         for session in sessions:
             if session.local.opening_next:

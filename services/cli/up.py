@@ -19,7 +19,8 @@ def up(
                                                "weights of that shape, for system benches (docs/synthetic.md)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft spec for the draft worker (default: settings), e.g. "
                                               "synthetic:0.9@8ms (docs/synthetic.md)")] = None,
-    pin: Annotated[bool, typer.Option("--pin/--no-pin", help="draft and verify workers on separate cores")] = False,
+    pin: Annotated[bool, typer.Option("--pin/--no-pin", help="draft and verify workers on separate cores "
+                                      "(placement auto becomes remote)")] = False,
     verify_pools: Annotated[str | None, typer.Option(
         "--verify-pools", help="verify workers per pool, name=count, e.g. accel=1,cpu=1 (default: one worker on "
         "worker.pool)")] = None,
@@ -65,8 +66,7 @@ def up(
     _say_synthetic(settings)
     init_db(settings.database_url)  # migrate once, before the children race to it
     try:
-        placement = choose_placement("remote" if link and draft_placement == "auto" else draft_placement,
-                                     settings.device)
+        placement = choose_placement(draft_placement, settings.device, draft_worker=bool(link) or pin)
     except ValueError as exc:
         fail(f"--draft-placement: {exc}")
     described = ", ".join(f"{p.name}={p.count}{' (accelerator)' if p.accelerator else ''}" for p in pools or [])

@@ -53,8 +53,9 @@ def dashboard_shows_the_fallback(port: int, drafter: str) -> None:
         page.wait_for_selector(f'{table} tr[data-worker^="{drafter}-"] .badge.alert:has-text("fallback (SIGSEGV)")',
                                timeout=30_000)
         note = page.locator("#drafts .fallback-note").first.text_content()
-        assert re.fullmatch(drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with SIGSEGV in "
-                            r"llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with ngram instead", note)
+        assert re.fullmatch(drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
+                            r"SIGSEGV in llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with ngram "
+                            r"instead", note)
         child = "draft-worker" if drafter == "draft" else "verify-worker"
         page.wait_for_selector(f'#children tr[data-child="{child}"] td.state:has-text("running")', timeout=10_000)
         if os.environ.get("MIRROR_SD_FALLBACK_SCREENSHOT"):
@@ -100,8 +101,9 @@ def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_
 
         status = subprocess.run([sys.executable, "-m", "services.cli", "status"], env=env, capture_output=True,
                                 text=True, timeout=60)
-        assert re.search(r"fallback: " + drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
-                         r"SIGSEGV in llama_decode .*; drafting with ngram instead", status.stdout), status.stdout
+        assert re.search(r"fallback: " + drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp "
+                         r"crashed with SIGSEGV in llama_decode .*; drafting with ngram instead", status.stdout), \
+            status.stdout
         assert re.search(r"processes \(mirror-sd up\): .*verify-worker running", status.stdout), status.stdout
         assert ("draft-worker running" in status.stdout) == (drafter == "draft"), status.stdout
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text

@@ -15,6 +15,8 @@ def test_auto_drafts_in_the_verify_worker_on_a_cpu_box_of_two_cores_or_fewer():
     assert choose_placement("auto", "cpu", cores=1) == "local"  # a draft worker would only take turns with it
     assert choose_placement("auto", "cpu", cores=2) == "local"  # both halves on both cores, taking turns
     assert choose_placement("auto", "cpu", cores=3) == "remote"  # pipelined on a core of its own
+    assert choose_placement("auto", "cpu", cores=2, draft_worker=True) == "remote"  # --draft-link, --pin
+    assert choose_placement("local", "cpu", cores=2, draft_worker=True) == "local"  # up refuses local with a link
     assert choose_placement("auto", "cuda", cores=1) == "remote"  # the draft runs on the CPU beside the accelerator
     assert choose_placement("local", "cuda") == "local" and choose_placement("remote", "cpu") == "remote"
 
