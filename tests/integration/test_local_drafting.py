@@ -210,6 +210,28 @@ def test_a_session_whose_next_block_is_its_opening_is_caught_up_after_it(draft):
     assert opening.local.drafter.missing(opening.local.committed) == 29 - 20
 
 
+def test_while_no_acceptance_is_known_one_session_at_a_time_explores_drafting(draft):
+    """Before the first rounds measured the acceptance, a turn of many sessions lets one explore drafting, the one
+    whose draft lags least and whose next block is not its opening; a lone stream, or a known acceptance, leaves
+    each session's controller to decide, as does prompt lookup (nothing to catch up, nothing to pay)."""
+    cost = CostModel({1: 10.0, 5: 12.0}, draft_ms_per_token=1.0, pipelined=False)
+    drafting = LocalDrafting(draft, SpeculativeSettings(), cost=cost)
+    cold = as_local(draft.new_drafter(), list(range(1, 31)))
+    warmer = as_local(draft.new_drafter(), list(range(1, 31)))
+    warmer.local.drafter.draft_engine.prefill_many([(warmer.local.drafter, warmer.local.committed)], 20)
+    opening = as_local(draft.new_drafter(), [4, 5])
+    opening.local.opening_next = True
+    assert drafting._explorer([cold, warmer, opening], rows=3) is warmer
+    assert drafting._explorer([cold, opening], rows=2) is cold
+    assert drafting._explorer([opening], rows=2) is None
+    assert drafting._explorer([cold, warmer], rows=1) is None
+    lookup = LocalDrafting(DraftSource("ngram", None), SpeculativeSettings(), cost=cost)
+    assert lookup._explorer([as_local(lookup.source.new_drafter(), [1, 2]), cold], rows=2) is None
+    for _ in range(drafting.recent.min_rounds):
+        drafting.recent.observe(4, 3, rows=2)
+    assert drafting._explorer([cold, warmer], rows=2) is None
+
+
 def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_runs_again(draft):
     """A turn that also prefilled a prompt is not measured (both arms pay for prompts alike), nor one that left
     too many sessions plain while their drafts caught up; its arm (a trial, maybe) runs again at that load, at
