@@ -48,6 +48,12 @@ MAX_CARRIED_TURNS = 2
 OVERHEAD_DECAY = 0.9  # what the measured round overhead keeps of itself at each measured turn
 
 
+def draft_lag(session: VerifySession):
+    """A local session's engine drafter (None: prompt lookup, synthetic) and the committed tokens its KV lacks."""
+    drafter = engine_drafter(session.local.drafter)
+    return drafter, drafter.missing(session.local.committed) if drafter is not None else 0
+
+
 @dataclass
 class LocalDrafting:
     """The draft this worker drafts its local sessions with, and what their block-length controllers share."""
@@ -64,6 +70,7 @@ class LocalDrafting:
     _warm_s: float = 0.0  # this turn's catching up of lagging drafts (in prefill_cost, not in the turn's figure)
     _held: bool = False  # too few of this drafting turn's sessions drafted a full block for it to be measured
     _draft_s: float = 0.0  # this turn's drafting
+    _alpha: float | None = None  # the acceptance batch_gamma read this turn (None: not measured yet)
     # by load bucket, a turn's time beyond its forward and its drafting, decayed (the cost model's round overhead;
     # it grows with the rows: building them, the round math and the commits are per session)
     overhead_ms: dict[int, float] = field(default_factory=dict)
@@ -93,7 +100,7 @@ class LocalDrafting:
         acceptance) without a cost model, before the acceptance is known, and when drafting would not pay
         even for a lone stream."""
         self._turn = None
-        alpha = self.recent.alpha()
+        alpha = self._alpha = self.recent.alpha()
         if self.cost is None or alpha is None:
             return None
         draft_cost_s = self.prefill_cost.per_output_token_s
@@ -147,8 +154,7 @@ class LocalDrafting:
         for session in sessions:
             if session.local.opening_next:
                 continue
-            drafter = engine_drafter(session.local.drafter)
-            missing = drafter.missing(session.local.committed) if drafter is not None else 0
+            drafter, missing = draft_lag(session)
             if missing > cap + 1:
                 left = session.local.spec.max_new_tokens - session.local.num_output
                 if left * WARM_PAYBACK < missing:  # about to end: its draft's catch-up would not pay back
@@ -216,16 +222,12 @@ class LocalDrafting:
         Before, a fresh worker given 16 streams at once had every draft catch up on its whole prompt inside the
         turn's draft call, every row waiting: TTFT p99 8.1 and 7.5 s against 4.0 and 4.1 on the plain route,
         2-core EPYC; 4.7 to 6.0 s with one explorer (docs/bench/cold-start-2026-12-05)."""
-        if rows <= 1 or self.cost is None or self.recent.alpha() is not None:
+        if rows <= 1 or self.cost is None or self._alpha is not None:
             return None
         candidates = [session for session in sessions if not session.local.opening_next]
         if not candidates or engine_drafter(candidates[0].local.drafter) is None:
             return None  # prompt lookup drafts at no cost and has nothing to catch up
-
-        def lag(session: VerifySession) -> int:
-            drafter = engine_drafter(session.local.drafter)
-            return drafter.missing(session.local.committed) if drafter is not None else 0
-        return min(candidates, key=lag)
+        return min(candidates, key=lambda session: draft_lag(session)[1])
 
     def _classify(self, sessions: int, full: int, drafted: bool) -> None:
         """What this turn measures. A drafting turn in which no session drafted (their drafts catching up, their

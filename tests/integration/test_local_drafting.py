@@ -229,6 +229,7 @@ def test_while_no_acceptance_is_known_one_session_at_a_time_explores_drafting(dr
     assert lookup._explorer([as_local(lookup.source.new_drafter(), [1, 2]), cold], rows=2) is None
     for _ in range(drafting.recent.min_rounds):
         drafting.recent.observe(4, 3, rows=2)
+    drafting.batch_gamma(2)  # the turn reads the acceptance
     assert drafting._explorer([cold, warmer], rows=2) is None
 
 
