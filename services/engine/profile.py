@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from services.engine.measure_lock import measuring_turn
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.decoder import ForwardRow
 from services.models.kv_store import SequenceKV
@@ -180,18 +181,21 @@ def _cached(path: Path | None, what: str, measure, threads: int) -> dict[str, fl
     threads, did not have its cores while it measured; path None: always measured)."""
     if (profile := read_cached(path, what)) is not None:
         return profile
-    started, cpu_started = time.perf_counter(), time.process_time()
-    profile = measure()
-    wall_s = time.perf_counter() - started
-    share = cpu_share(time.process_time() - cpu_started, wall_s, threads)
-    logger.info("measured the %s profile in %.1f s (%.0f%% of %d threads' time on a core)", what, wall_s,
-                100 * share, threads)
-    if share < KEEP_ABOVE_SHARE:
-        logger.warning("the %s profile was measured while other processes took this one's cores (%.0f%% of its "
-                       "threads' time on a core): used for this run, not cached; measured again next start",
-                       what, 100 * share)
-    elif path is not None:
-        keep(path, profile)
+    with measuring_turn(None if path is None else path.parent, what):
+        if (profile := read_cached(path, what)) is not None:  # kept by the process whose turn came first
+            return profile
+        started, cpu_started = time.perf_counter(), time.process_time()
+        profile = measure()
+        wall_s = time.perf_counter() - started
+        share = cpu_share(time.process_time() - cpu_started, wall_s, threads)
+        logger.info("measured the %s profile in %.1f s (%.0f%% of %d threads' time on a core)", what, wall_s,
+                    100 * share, threads)
+        if share < KEEP_ABOVE_SHARE:
+            logger.warning("the %s profile was measured while other processes took this one's cores (%.0f%% of "
+                           "its threads' time on a core): used for this run, not cached; measured again next start",
+                           what, 100 * share)
+        elif path is not None:
+            keep(path, profile)
     return profile
 
 

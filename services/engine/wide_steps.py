@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from services.engine.measure_lock import measuring_turn
 from services.engine.profile import (KEEP_ABOVE_SHARE, _prefilled, _time_step_once, cpu_share, keep,
                                      profile_cache_key, read_cached)
 from services.models.engine import TargetEngine
@@ -88,12 +89,15 @@ def cached_wide_steps(engine: TargetEngine, cache_dir: Path | None, *, threads: 
     path = None if cache_dir is None else Path(cache_dir) / "profiles" / f"wide-{key}.json"
     if (cached := read_cached(path, "wide-step")) is not None:
         return cached
-    timings, share = measure_wide_steps(engine, threads=threads, wide=wide)
-    if share < KEEP_ABOVE_SHARE:  # which side the contention hit is unknown: no figure of this run is used
-        logger.warning("wide-step timings measured while other processes took this one's cores (%.0f%% of its "
-                       "threads' time on a core): not used (steps of %d+ tokens run wide), measured again next "
-                       "start", 100 * share, WIDE_MIN_TOKENS)
-        return {}
-    if path is not None:
-        keep(path, timings)
+    with measuring_turn(None if path is None else path.parent, "wide-step"):
+        if (cached := read_cached(path, "wide-step")) is not None:
+            return cached
+        timings, share = measure_wide_steps(engine, threads=threads, wide=wide)
+        if share < KEEP_ABOVE_SHARE:  # which side the contention hit is unknown: no figure of this run is used
+            logger.warning("wide-step timings measured while other processes took this one's cores (%.0f%% of its "
+                           "threads' time on a core): not used (steps of %d+ tokens run wide), measured again next "
+                           "start", 100 * share, WIDE_MIN_TOKENS)
+            return {}
+        if path is not None:
+            keep(path, timings)
     return timings

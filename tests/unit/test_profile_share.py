@@ -35,3 +35,41 @@ def test_a_profile_measured_with_its_core_is_kept_and_one_measured_without_it_is
     assert _cached(starved, "device", measured_off_core, threads=1) == {"verify_ms_1": 1.0}
     assert not starved.exists()
     assert KEEP_ABOVE_SHARE > 0.69  # the contended share measured on a 2-core box is below it
+
+
+MEASURE_AT_ONCE = """
+import json, os, sys, time
+from pathlib import Path
+from services.engine.profile import _cached
+folder = Path(sys.argv[1])
+(folder / f"ready-{os.getpid()}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.01)
+
+def measure():
+    with open(folder / "measurements", "a") as log:
+        log.write(f"{os.getpid()} start {time.time()}\\n")
+    time.sleep(1.0)
+    with open(folder / "measurements", "a") as log:
+        log.write(f"{os.getpid()} end {time.time()}\\n")
+    return {"measured_by": os.getpid()}
+
+print(json.dumps(_cached(folder / "profiles" / "device.json", "device", measure, 0)))
+"""
+
+
+def test_workers_starting_together_measure_one_at_a_time_and_the_next_reads_the_kept_profile(tmp_path):
+    import subprocess
+    import sys
+
+    workers = [subprocess.Popen([sys.executable, "-c", MEASURE_AT_ONCE, str(tmp_path)], stdout=subprocess.PIPE,
+                                text=True) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()  # both ask for the profile at the same moment
+    outputs = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
+    lines = (tmp_path / "measurements").read_text().split()
+    assert lines[1::3] == ["start", "end"]  # one measurement, by one of the two
+    assert outputs[0] == outputs[1] == {"measured_by": int(lines[0])}
+    assert json.loads((tmp_path / "profiles" / "device.json").read_text()) == outputs[0]

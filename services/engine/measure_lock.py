@@ -1,0 +1,51 @@
+"""One measurement at a time per box: the workers `mirror-sd up` starts together (two verify workers and a
+draft worker on two cores, say) each time their start-up profiles. Measured at once, they take each other's
+cores: every profile reads slow, none is kept (services/engine/profile.py keeps only what a process measured
+with its cores), and each start measures again, for minutes. So a process measures while it holds an advisory
+lock beside the profiles; the next one waits its turn and then usually finds the profile it wanted already
+kept. The kernel drops the lock of a process that dies, so a killed worker holds no one up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".measuring.lock"
+WAIT_S = 600.0  # after this, measure anyway (a measurement that hangs should not stop every start)
+POLL_S = 0.2
+
+
+@contextmanager
+def measuring_turn(folder: Path | None, what: str, *, wait_s: float = WAIT_S) -> Iterator[None]:
+    """Hold this box's measuring turn (the lock in `folder`) for the block; None: no lock (nothing shared)."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_NAME, "a") as handle:
+        deadline, waited = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    logger.info("the %s profile waits for another process measuring on this box", what)
+                    waited = True
+                if time.monotonic() > deadline:
+                    logger.warning("waited %.0f s for another process's measurement: measuring the %s profile "
+                                   "beside it", wait_s, what)
+                    yield
+                    return
+                time.sleep(POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
