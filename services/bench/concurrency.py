@@ -6,7 +6,10 @@ Modes, at every concurrency level C (N requests, C in flight, closed loop):
 - `stack-ar`: the same stack, plain target decoding (`"route": "ar"`, same batched step, no draft);
 - `baseline`: the `stack` mode against another gateway (`--baseline-url`, e.g. an older build);
 - `hf-batch`: transformers' `generate` over left-padded static batches of C prompts, in this process.
-Modes take turns level by level, so a drift of the machine's speed hits all alike. Every greedy output of
+Modes take turns level by level, so a drift of the machine's speed hits all alike. Before a level's timed runs,
+every stack mode runs it untimed (`warmup` passes of C requests at C in flight, 8 tokens each): whatever a worker
+pays the first time it holds C sessions (its KV grown for them, new step shapes, its measured turns at that
+load) would otherwise land on whichever mode comes first. Every greedy output of
 the stack modes is checked against single-stream target-only decoding in this process: a mismatch is
 reported with the prompt, the position and the target's top-2 logit gap there, and fails the run when the
 gap is above 1e-3 (fp32 batched matmuls may differ from batch 1 in the last bits, nothing more).
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 CONCURRENCY_MODES = ("stack", "stack-ar", "baseline", "hf-batch")
 MISMATCH_GAP = 1e-3
+WARMUP_TOKENS = 8
 
 
 def parse_levels(text: str) -> list[int]:
@@ -74,6 +78,7 @@ class ConcurrencyConfig:
     chat: bool = True
     requests: int | None = None  # per level; default max(len(prompts), C)
     repeat: int = 1  # every (level, mode) this many times, taking turns; figures over all of them
+    warmup: int = 1  # untimed passes of each level by every stack mode before its timed runs
 
 
 @dataclass
@@ -239,14 +244,11 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
     if publish_references(config, label, reference, encoded):
         progress(f"published {len(reference)} greedy references for the stack's synthetic draft")
     urls = {"stack": config.url, "stack-ar": config.url, "baseline": config.baseline_url}
-    for mode in config.modes:  # warm every stack up (models, caches, connections) before timing
-        if mode in urls:
-            run_level(urls[mode], config.model, config.prompts[:1], 1, max_tokens=8, api_key=config.api_key,
-                      route="ar" if mode == "stack-ar" else None)
     rows: list[LevelRow] = []
     mismatches: list[Mismatch] = []
     for concurrency in config.levels:
         batch = level_prompts(config.prompts, concurrency, config.requests)
+        warm_level(config, urls, batch[:concurrency], concurrency)
         runs: dict[str, list[LevelRun]] = {mode: [] for mode in config.modes}
         for _ in range(config.repeat):
             for mode in config.modes:
@@ -261,9 +263,18 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
                      f"ITL p50/p99 {row.itl_p50_ms}/{row.itl_p99_ms} ms  {row.extra}")
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [write_json(out_dir / "concurrency.json", config, rows, mismatches, label),
-             write_markdown(out_dir / "concurrency.md", rows, mismatches, label)]
+             write_markdown(out_dir / "concurrency.md", rows, mismatches, label, warmup=config.warmup)]
     plot = plot_concurrency(rows, out_dir / "throughput_vs_concurrency.png")
     return rows, mismatches, files + ([plot] if plot else [])
+
+
+def warm_level(config: ConcurrencyConfig, urls: dict, batch: list[BenchPrompt], concurrency: int) -> None:
+    """`config.warmup` untimed passes of a level by every stack mode (8 tokens a request, nothing checked)."""
+    for _ in range(config.warmup):
+        for mode in config.modes:
+            if mode in urls:
+                run_level(urls[mode], config.model, batch, concurrency, max_tokens=WARMUP_TOKENS,
+                          api_key=config.api_key, route="ar" if mode == "stack-ar" else None)
 
 
 def merge_runs(runs: list[LevelRun]) -> LevelRun:
@@ -299,7 +310,7 @@ def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mism
                label: dict | None = None) -> Path:
     meta = {"levels": config.levels, "modes": config.modes, "max_tokens": config.max_tokens,
             "prompts": [p.id for p in config.prompts], "url": config.url, "baseline_url": config.baseline_url,
-            "synthetic": label}
+            "repeat": config.repeat, "warmup": config.warmup, "synthetic": label}
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(row) for row in rows],
                                 "mismatches": [{**asdict(m), "fatal": m.fatal} for m in mismatches]}, indent=1))
     return path
@@ -309,7 +320,8 @@ def _cell(value) -> str:
     return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch], label: dict | None = None) -> Path:
+def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch], label: dict | None = None, *,
+                   warmup: int = 0) -> Path:
     by_key = {(row.mode, row.concurrency): row for row in rows}
     lines = [f"stack: {describe_label(label)}", ""] if label else []
     lines += ["| mode | C | tok/s | x one stream | x hf-batch | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms "
@@ -328,6 +340,9 @@ def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch],
     for mismatch in mismatches:
         lines.append(f"\n{'MISMATCH' if mismatch.fatal else 'near-tie'} {mismatch.mode} C={mismatch.concurrency} "
                      f"{mismatch.prompt_id} at token {mismatch.position}: top-2 logit gap {mismatch.top2_gap:g}")
+    if warmup:
+        lines.append(f"\nBefore its timed runs, each level ran {warmup} untimed pass(es) of C requests at C in flight "
+                     f"({WARMUP_TOKENS} tokens each) by every stack mode.")
     path.write_text("\n".join(lines) + "\n")
     return path
 

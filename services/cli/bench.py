@@ -26,7 +26,7 @@ def bench(
     categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     repeat: Annotated[int, typer.Option(min=1)] = 1,
-    warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run; with --concurrency, untimed passes of each level (C requests at C in flight, 8 tokens) by every stack mode before its timed runs")] = 1,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k")] = 0,
@@ -84,7 +84,7 @@ def bench(
             target=target, limit=limit, per_group=per_group, categories=categories,
             max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests, max_new_tokens=max_new_tokens,
             threads=threads, chat=chat, url=url, baseline_url=baseline_url, api_key=api_key, redis_url=redis_url,
-            repeat=repeat, linked=levels is not None, capacity_target=capacity_target)
+            repeat=repeat, warmup=warmup, linked=levels is not None, capacity_target=capacity_target)
         _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out),
                     on_levels=_capacity_plot(capacity_target, Path(out)) if capacity_target else None)
         return
@@ -234,7 +234,7 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
                        categories: str | None, max_prompt_chars: int | None, levels: str, requests: int | None,
                        max_new_tokens: int, threads: int | None, chat: bool, url: str,
                        baseline_url: str | None, api_key: str | None, redis_url: str | None, repeat: int,
-                       linked: bool = False, capacity_target=None):
+                       warmup: int = 1, linked: bool = False, capacity_target=None):
     """Checks the options and loads the target once; returns the run of one bench into a folder."""
     from pathlib import Path
 
@@ -258,7 +258,7 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
                                    prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,
                                    baseline_url=baseline_url, api_key=api_key,
                                    redis_url=redis_url or settings.redis_url, chat=chat, requests=requests,
-                                   repeat=repeat)
+                                   repeat=repeat, warmup=warmup)
     except ValueError as exc:
         fail(str(exc))
     if linked and "stack" not in config.modes:

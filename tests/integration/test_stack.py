@@ -372,14 +372,18 @@ def test_concurrency_bench_batches_and_matches_target_only(stack, tmp_path):
             for n, text in enumerate(["Name three colours.", "Say hello in French.", "Count from one to five."])]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "concurrency"
+    before = scrape(stack)
     result = CliRunner().invoke(app, ["bench", "--concurrency", "1,3", "--modes", "stack,stack-ar,hf-batch",
                                       "--prompts", str(prompts), "--url", stack.base_url,
                                       "--api-key", stack.create_key("normal"), "--redis-url", stack.redis_url,
                                       "-n", "12", "--threads", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    served = scrape(stack)["mirror_sd:requests_total"] - before.get("mirror_sd:requests_total", 0.0)
     data = json.loads((out / "concurrency.json").read_text())
     rows = {(row["mode"], row["concurrency"]): row for row in data["rows"]}
     assert set(rows) == {(mode, level) for mode in ("stack", "stack-ar", "hf-batch") for level in (1, 3)}
+    # timed: 3 prompts per level and stack mode (12); untimed, before each level: C requests per stack mode (8)
+    assert served == 2 * (3 + 3) + 2 * (1 + 3) and data["meta"]["warmup"] == 1
     assert not data["mismatches"]
     assert all(row["tokens"] > 0 and row["tokens_per_s"] > 0 for row in rows.values())
     assert rows[("stack-ar", 3)]["extra"]["mean_rows_per_step"] > 1  # three streams shared target steps
