@@ -46,6 +46,13 @@ WARM_PAYBACK = 8
 HELD_SHARE = 4
 MAX_CARRIED_TURNS = 2
 OVERHEAD_DECAY = 0.9  # what the measured round overhead keeps of itself at each measured turn
+# While no acceptance is measured, a load explores drafting only where the cost model predicts drafting at
+# EXPLORE_ALPHA (a model draft at its best: the built-in pair accepts 0.92-0.93 on the dev prompts) would gain at
+# least EXPLORE_GAIN; below, the gain is within the profiles' error and the explorer's cost is sure. On a slow
+# 2-core EPYC, a fresh worker's first 48-token wave at 16 and 32 streams ran 19.0 and 23.5 tok/s, its second 22.5
+# and 30.1, the plain route 22.9 and 27.3 (docs/bench/explore-gate-2026-12-05).
+EXPLORE_ALPHA = 0.95
+EXPLORE_GAIN = 1.1
 
 
 def draft_lag(session: VerifySession):
@@ -98,16 +105,22 @@ class LocalDrafting:
         cost model's pick tried first); how long a block may be, the cost model says from the acceptance of
         recent rounds. None (each session's controller decides, exploring and falling back by its own
         acceptance) without a cost model, before the acceptance is known, and when drafting would not pay
-        even for a lone stream."""
+        even for a lone stream. Before the acceptance is known, a load of more rows than one at which drafting
+        would gain less than EXPLORE_GAIN even at EXPLORE_ALPHA gets a plain turn: exploring there costs every
+        row the explorer's drafting and catch-up, for nothing drafting could win at that load."""
         self._turn = None
         alpha = self._alpha = self.recent.alpha()
-        if self.cost is None or alpha is None:
+        if self.cost is None:
             return None
         draft_cost_s = self.prefill_cost.per_output_token_s
         rows = max(1, load)
         cost = replace(self.cost, round_overhead_ms=self.overhead_ms.get(load_bucket(rows), 0.0),
                        draft_prefill_ms_per_token=1000 * draft_cost_s)
         candidates = range(max(1, self.speculative.min_draft_tokens), self.speculative.max_draft_tokens + 1)
+        if alpha is None:  # nothing measured yet: explore (_explorer), unless this load has nothing to learn
+            if rows > 1 and best_block_length(EXPLORE_ALPHA, cost, candidates, rows, rows)[1] < EXPLORE_GAIN:
+                return 0
+            return None
         if best_block_length(alpha, cost, candidates, 1, 1)[0] == 0:
             return None
         predicted = best_block_length(alpha, cost, candidates, rows, rows)[0]

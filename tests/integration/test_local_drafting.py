@@ -14,7 +14,7 @@ from services.config import SpeculativeSettings
 from services.models.drafters import DraftSource
 from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key, owner_key
 from services.speculative.block_length import RecentRounds
-from services.speculative.cost_model import CostModel
+from services.speculative.cost_model import CostModel, best_block_length
 from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns
 from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama, perturbed_copy
@@ -28,7 +28,13 @@ from tests.integration.fleet import (
     submit_spec,
     wait_finished,
 )
-from verify_worker.local_drafts import MAX_CARRIED_TURNS, WARM_PAYBACK, LocalDrafting
+from verify_worker.local_drafts import (
+    EXPLORE_ALPHA,
+    EXPLORE_GAIN,
+    MAX_CARRIED_TURNS,
+    WARM_PAYBACK,
+    LocalDrafting,
+)
 
 PROMPTS = [[5, 9, 13, 2, 40, 41, 7, 7, 30, 12, 5, 9, 13], [3, 3, 8, 60, 61, 62, 3, 3, 8], [70, 1, 2, 3, 70, 1, 2]]
 
@@ -231,6 +237,19 @@ def test_while_no_acceptance_is_known_one_session_at_a_time_explores_drafting(dr
         drafting.recent.observe(4, 3, rows=2)
     drafting.batch_gamma(2)  # the turn reads the acceptance
     assert drafting._explorer([cold, warmer], rows=2) is None
+
+
+def test_before_the_acceptance_is_known_a_load_where_drafting_could_not_pay_decodes_plain(draft):
+    """No acceptance measured yet: where even a draft at its best (EXPLORE_ALPHA) would gain less than EXPLORE_GAIN
+    at this load, every session decodes plain this turn (nothing to learn there, and an explorer would hold every
+    row up); where it could gain, a session explores (None: _explorer picks it); a lone stream explores itself."""
+    # a step of 2 rows costs about what one row does; one of 8 rows costs in proportion to its tokens
+    cost = CostModel({1: 10.0, 5: 12.0}, draft_ms_per_token=1.0, pipelined=False,
+                     step_ms={2: {1: 11.0, 5: 14.0}, 8: {1: 20.0, 2: 40.0, 9: 180.0}})
+    drafting = LocalDrafting(draft, SpeculativeSettings(), cost=cost)
+    assert best_block_length(EXPLORE_ALPHA, cost, range(1, 9), 6, 6)[1] < EXPLORE_GAIN
+    assert drafting.batch_gamma(8) == 0 and drafting.batch_gamma(6) == 0
+    assert drafting.batch_gamma(2) is None and drafting.batch_gamma(1) is None
 
 
 def test_a_turn_is_measured_without_its_catch_up_and_an_unmeasured_turns_arm_runs_again(draft):
