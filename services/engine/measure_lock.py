@@ -28,8 +28,14 @@ def measuring_turn(folder: Path | None, what: str, *, wait_s: float = WAIT_S) ->
     if folder is None:
         yield
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_NAME, "a") as handle:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / LOCK_NAME, "a")  # noqa: SIM115 - closed below, after the turn
+    except OSError as exc:  # a read-only cache folder: measure without a turn, as before there was one
+        logger.warning("no measuring lock in %s (%s): measuring the %s profile without one", folder, exc, what)
+        yield
+        return
+    with handle:
         deadline, waited = time.monotonic() + wait_s, False
         while True:
             try:

@@ -73,3 +73,14 @@ def test_workers_starting_together_measure_one_at_a_time_and_the_next_reads_the_
     assert lines[1::3] == ["start", "end"]  # one measurement, by one of the two
     assert outputs[0] == outputs[1] == {"measured_by": int(lines[0])}
     assert json.loads((tmp_path / "profiles" / "device.json").read_text()) == outputs[0]
+
+
+def test_a_cache_folder_that_cannot_hold_the_lock_measures_without_it(tmp_path):
+    from services.engine.measure_lock import measuring_turn
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the lock's folder would be a regular file: no lock can be made there
+    entered = []
+    with measuring_turn(blocked / "profiles", "device"):
+        entered.append(True)
+    assert entered == [True]
