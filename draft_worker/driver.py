@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 CONTROL_EVERY_S = 0.2  # cancellations, liveness of verify workers, deadlines
 LOOK_ALONE_AFTER_S = 1.0  # the cancellation look goes alone when no block has carried it this long
 FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
+# ... at most this often (and at the pool's queue for an untaken block): a heartbeat key lives heartbeat_ttl_s (3 s)
+# past its worker's death, so a look every control tick (0.2 s) found nothing sooner, and on a slow verifier
+# (rounds of 0.7-6 s on a slow 2-core EPYC) those looks made 4.4 round trips a round over a 20 ms link
+LIVENESS_EVERY_S = 1.0
 # A block sent to the pool that no worker has said it took (BlockTaken) for this long, and that is no longer in the
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
 UNTAKEN_AFTER_S = 2.0
@@ -118,6 +122,7 @@ class SessionDriver(threading.Thread):
         self.stopping = threading.Event()
         self._controlled = 0.0
         self._looked = 0.0
+        self._liveness_looked = 0.0  # perf_counter of the last look at suspect verify workers' heartbeats
         self.num_verdicts = 0
         self.num_turns = 0  # a driver with nothing to do waits on its inbox: this stays low while it does
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
@@ -420,6 +425,10 @@ class SessionDriver(threading.Thread):
                     if h.session.in_flight.worker and now - h.session.in_flight.sent_at > FAILOVER_AFTER_S}
         untaken = [h for h in waiting if not h.session.in_flight.worker
                    and now - h.session.in_flight.sent_at > UNTAKEN_AFTER_S]
+        if now - self._liveness_looked < LIVENESS_EVERY_S:
+            suspects, untaken = set(), []
+        elif suspects or untaken:
+            self._liveness_looked = now
         if suspects or untaken:
             self.outbox.flush()
             with self.client.pipeline(transaction=False) as pipe:
