@@ -70,7 +70,7 @@ LOOK_ALONE_AFTER_S = 1.0  # the cancellation look goes alone when no block has c
 FAILOVER_AFTER_S = 0.5  # a block out this long makes the driver look at its verify worker's heartbeat
 # ... at most this often (and at the pool's queue for an untaken block): a heartbeat key lives heartbeat_ttl_s (3 s)
 # past its worker's death, so a look every control tick (0.2 s) found nothing sooner, and on a slow verifier
-# (rounds of 0.7-6 s on a slow 2-core EPYC) those looks made 4.4 round trips a round over a 20 ms link
+# (rounds of 0.7-6 s on a loaded 2-core EPYC) those looks made 4.4 round trips a round over a 20 ms link
 LIVENESS_EVERY_S = 1.0
 # A block sent to the pool that no worker has said it took (BlockTaken) for this long, and that is no longer in the
 # pool's queue, was popped by a worker that died before it could say so: it goes to the pool again.
