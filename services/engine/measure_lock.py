@@ -2,18 +2,19 @@
 draft worker on two cores, say) each time their start-up profiles. Measured at once, they take each other's
 cores: every profile reads slow, none is kept (services/engine/profile.py keeps only what a process measured
 with its cores), and each start measures again, for minutes. So a process measures while it holds an advisory
-lock beside the profiles; the next one waits its turn and then usually finds the profile it wanted already
-kept. The kernel drops the lock of a process that dies, so a killed worker holds no one up.
+lock beside the profiles (filelock's: flock where the file system has it); the next one waits its turn and then
+usually finds the profile it wanted already kept. The kernel drops the lock of a process that dies, so a killed
+worker holds no one up.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 logger = logging.getLogger(__name__)
 
@@ -28,30 +29,24 @@ def measuring_turn(folder: Path | None, what: str, *, wait_s: float = WAIT_S) ->
     if folder is None:
         yield
         return
+    lock = FileLock(folder / LOCK_NAME)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK_NAME, "a")  # noqa: SIM115 - closed below, after the turn
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            logger.info("the %s profile waits for another process measuring on this box", what)
+            lock.acquire(timeout=wait_s, poll_interval=POLL_S)
+    except Timeout:
+        logger.warning("waited %.0f s for another process's measurement: measuring the %s profile beside it",
+                       wait_s, what)
+        yield
+        return
     except OSError as exc:  # a read-only cache folder: measure without a turn, as before there was one
         logger.warning("no measuring lock in %s (%s): measuring the %s profile without one", folder, exc, what)
         yield
         return
-    with handle:
-        deadline, waited = time.monotonic() + wait_s, False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not waited:
-                    logger.info("the %s profile waits for another process measuring on this box", what)
-                    waited = True
-                if time.monotonic() > deadline:
-                    logger.warning("waited %.0f s for another process's measurement: measuring the %s profile "
-                                   "beside it", wait_s, what)
-                    yield
-                    return
-                time.sleep(POLL_S)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()

@@ -128,6 +128,7 @@ def test_a_resent_block_the_worker_still_holds_commits_nothing_twice(client, tar
     each round in the stream once."""
     monkeypatch.setattr(driver_module, "RESEND_AFTER_S", 0.1)
     monkeypatch.setattr(driver_module, "FAILOVER_AFTER_S", 0.05)  # the heartbeat look that comes first
+    monkeypatch.setattr(driver_module, "LIVENESS_EVERY_S", 0.05)  # ... every tick, not once a second
     runtime = draft_runtime(client, DraftSource("tiny-draft", target))
     spec = SessionSpec(request_id="resent-often", prompt_ids=PROMPT, max_new_tokens=12, ignore_eos=True)
     submit_spec(client, spec)
@@ -145,6 +146,7 @@ def test_a_block_still_in_its_busy_workers_queue_is_not_sent_again(client, targe
     session's block waits in that worker's queue, so it is not lost and no copy goes after it."""
     monkeypatch.setattr(driver_module, "RESEND_AFTER_S", 0.2)
     monkeypatch.setattr(driver_module, "FAILOVER_AFTER_S", 0.05)
+    monkeypatch.setattr(driver_module, "LIVENESS_EVERY_S", 0.05)  # a look every tick: resends are due often
     runtime = draft_runtime(client, DraftSource("tiny-draft", target))
     spec = SessionSpec(request_id="queued-behind", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
     submit_spec(client, spec)

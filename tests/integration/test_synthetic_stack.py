@@ -56,9 +56,11 @@ def test_a_synthetic_stack_is_lossless_and_labelled(tmp_path):
     stack = Stack(tmp_path, verify_workers=1, auth=False, env={
         "MIRROR_SD_TARGET": "random:tiny", "MIRROR_SD_DRAFT": "synthetic:0.8@2ms",
         "MIRROR_SD_CACHE_DIR": str(tmp_path / "cache"), "MIRROR_SD_SCHEDULER__MAX_BATCH_SIZE": "4",
-        # the verify worker's word on its load may turn a tiny random target plain at a load, at random: this test
-        # checks that the synthetic draft's blocks are accepted, so they must be drafted
-        "MIRROR_SD_WORKER__LOAD_WORD": "false"}).start()
+        # this test checks that the synthetic draft's blocks are accepted, so they must be drafted: a tiny random
+        # target's step (about 2 ms) is as short as a local Redis round trip, so the cost policy learns (in the
+        # bench's warm-up of a level, say) that the link makes drafting lose, and the verify worker's word on its
+        # load may turn it plain at a load, at random; the acceptance rule drafts while blocks are accepted
+        "MIRROR_SD_SPECULATIVE__BLOCK_POLICY": "acceptance", "MIRROR_SD_WORKER__LOAD_WORD": "false"}).start()
     try:
         models = httpx.get(f"{stack.base_url}/v1/models", timeout=5).json()["data"][0]
         assert models["id"] == "random:tiny" and models["mirror_sd_synthetic"]["synthetic"] is True
