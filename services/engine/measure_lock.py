@@ -29,7 +29,7 @@ def measuring_turn(folder: Path | None, what: str, *, wait_s: float = WAIT_S) ->
     if folder is None:
         yield
         return
-    lock = FileLock(folder / LOCK_NAME)
+    lock, held = FileLock(folder / LOCK_NAME), False
     try:
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -37,16 +37,14 @@ def measuring_turn(folder: Path | None, what: str, *, wait_s: float = WAIT_S) ->
         except Timeout:
             logger.info("the %s profile waits for another process measuring on this box", what)
             lock.acquire(timeout=wait_s, poll_interval=POLL_S)
+        held = True
     except Timeout:
         logger.warning("waited %.0f s for another process's measurement: measuring the %s profile beside it",
                        wait_s, what)
-        yield
-        return
     except OSError as exc:  # a read-only cache folder: measure without a turn, as before there was one
         logger.warning("no measuring lock in %s (%s): measuring the %s profile without one", folder, exc, what)
-        yield
-        return
     try:
         yield
     finally:
-        lock.release()
+        if held:
+            lock.release()

@@ -84,3 +84,22 @@ def test_a_cache_folder_that_cannot_hold_the_lock_measures_without_it(tmp_path):
     with measuring_turn(blocked / "profiles", "device"):
         entered.append(True)
     assert entered == [True]
+
+
+def test_a_turn_held_past_the_wait_is_measured_beside_it(tmp_path):
+    from filelock import FileLock
+
+    from services.engine.measure_lock import LOCK_NAME, measuring_turn
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    holder = FileLock(folder / LOCK_NAME)
+    holder.acquire()  # another process's turn that never ends (a hung measurement)
+    try:
+        started = time.monotonic()
+        with measuring_turn(folder, "device", wait_s=0.3):
+            waited = time.monotonic() - started
+        assert 0.3 <= waited < 5  # it waited its turn, then measured anyway
+        assert holder.is_locked  # and left the other's lock alone
+    finally:
+        holder.release()
