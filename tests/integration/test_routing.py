@@ -18,8 +18,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    running = Stack(tmp_path_factory.mktemp("routing"), verify_pools=["gpu", "cpu"],
-                    telemetry=True, auth=False).start()
+    # the utilization rule off (a gap no two pools reach): these tests watch the thermal rule's weights, and a
+    # cpu worker busy with the test's requests beside an idle gpu one made it move 0.1 of weight mid-test
+    running = Stack(tmp_path_factory.mktemp("routing"), verify_pools=["gpu", "cpu"], telemetry=True, auth=False,
+                    env={"MIRROR_SD_TELEMETRY__UTILIZATION_GAP": "1.0"}).start()
     yield running
     running.stop()
 
