@@ -30,12 +30,16 @@ for all of them at once:
   queue, sent to it again (a lost message must not hold a request until its
   deadline), and verdict
   deadlines (the session ends with an error event in its stream). The
-  look at every session's cancel and request keys rides in the pipeline of
-  a turn's blocks; it takes a round trip of its own only when no block has
-  gone for LOOK_ALONE_AFTER_S (slow rounds, a stalled verify pool).
+  look at every session's cancel and request keys, and the look at suspect
+  verify workers' heartbeats, ride in the pipeline of a turn's blocks, and
+  their replies come back through the outbox: the driver waits on neither.
+  The cancellation look takes a round trip of its own only when no block
+  has gone for LOOK_ALONE_AFTER_S (slow rounds, a stalled verify pool).
 
-The driver counts its round trips to Redis (LinkMeter.driver_round_trips) so
-the heartbeat reports them per round: one while blocks flow.
+The driver counts its round trips to Redis, by what each was for
+(services/link/meter.py), so the heartbeat reports them per verdict: one
+while blocks flow, and a little more for the blocks sent ahead that a
+rejection of their parent dropped.
 
 So a process drives hundreds of sessions; prompt lookup costs about nothing
 per block, and a model draft's cost is the only limit.
@@ -52,11 +56,12 @@ from dataclasses import dataclass, field
 import redis
 
 from services.engine.draft_pipeline import SpeculationState, prefill, speculate_many, warm_up
-from services.engine.draft_session import DraftSession, SessionSummary
+from services.engine.draft_session import DraftSession, InFlight, SessionSummary
 from services import protocol
 from draft_worker.inbox import InboxListener
 from draft_worker.outbox import Job, Outbox
-from services.link.meter import LinkMeter, smoothed
+from services.link.meter import (TRIP_CATCH_UP, TRIP_CLOSE, TRIP_FAILOVER, TRIP_LIVENESS, TRIP_LOOK, TRIP_RECOVERY,
+                                 TRIP_RESEND, LinkMeter, smoothed)
 from services.models.drafters.base import DraftProposal
 from services.models.drafters.batched import propose_many
 from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, Verdict, decode_one_of
@@ -123,11 +128,12 @@ class SessionDriver(threading.Thread):
         self._controlled = 0.0
         self._looked = 0.0
         self._liveness_looked = 0.0  # perf_counter of the last look at suspect verify workers' heartbeats
+        self._liveness_out = False  # that look's replies have not come back yet
         self.num_verdicts = 0
         self.num_turns = 0  # a driver with nothing to do waits on its inbox: this stays low while it does
         self.meter = LinkMeter()  # round trips and transport of the rounds; the heartbeat adds Redis RTT
         self.listener = InboxListener(client, self.inbox, self._wake, self.stopping)
-        self.outbox = Outbox(client, self._wake, self.stopping, self._count_round_trip)
+        self.outbox = Outbox(client, self._wake, self.stopping, self.meter.count_round_trip)
 
     # --- called from task threads ---------------------------------------------------------------
     def submit(self, session: DraftSession) -> SessionHandle:
@@ -177,7 +183,8 @@ class SessionDriver(threading.Thread):
                     else protocol.verify_pool_queue(handle.session.spec.pool)
                 pipe.rpush(queue, flight.payload)
                 flight.sent_at = time.perf_counter()
-            self._execute(pipe)
+            self._execute(pipe, TRIP_RECOVERY)
+        self._liveness_out = False  # its look failed with the outage, or comes back to flights already resent
         logger.info("draft driver: Redis is back; re-sent %d blocks in flight", len(waiting))
 
     def turn(self) -> None:
@@ -194,14 +201,17 @@ class SessionDriver(threading.Thread):
                 logger.exception("draft driver: could not apply a verdict")
         now = time.monotonic()
         look = list(self._handles.values()) if now - self._looked >= CONTROL_EVERY_S else []
-        sent = self._send(self._next_blocks(), look)
-        if look and (sent or now - self._looked >= LOOK_ALONE_AFTER_S):
-            if not sent:
-                self.outbox.send(Job(look_keys=self._look_keys(look), context=look))
-            self._looked = now  # its flags come back through the outbox (_take_outcomes)
+        jobs = []  # one pipeline: this turn's blocks, and the reads riding with them (or going alone)
         if now - self._controlled >= CONTROL_EVERY_S:
             self._controlled = now
-            self._watch_flights()
+            jobs += self._watch_flights()
+        blocks = self._blocks_job(self._next_blocks())
+        # the cancellation look rides with blocks, or with a liveness look (one round trip for both while nothing
+        # else goes, as in a long opening), or goes alone once no block has gone for LOOK_ALONE_AFTER_S
+        if look and (blocks is not None or jobs or now - self._looked >= LOOK_ALONE_AFTER_S):
+            jobs.append(self._look_job(look))
+            self._looked = now  # its flags come back through the outbox (_take_outcomes)
+        self.outbox.send(*([blocks] if blocks is not None else []), *jobs)
         self._speculate()
 
     def _start_new(self) -> None:
@@ -280,7 +290,7 @@ class SessionDriver(threading.Thread):
                 left = handle.session.spec.max_new_tokens - handle.session.num_output
                 pipe.xrevrange(protocol.output_stream(handle.session.request_id),
                                count=max(1, min(MAX_CATCH_UP_ROUNDS, left)))
-            replies = self._execute(pipe)
+            replies = self._execute(pipe, TRIP_CATCH_UP)
         for handle, entries in zip(handles, replies):  # a bad entry is skipped: catch_up stops at the gap
             handle.session.catch_up(decode_all(OutputEvent, [fields.get(b"m") for _, fields in entries],
                                                "output event"))
@@ -318,6 +328,7 @@ class SessionDriver(threading.Thread):
             return
         verdict = message
         self.num_verdicts += 1
+        self.meter.observe_verdict()
         if session is None or session.in_flight is None or verdict.round != session.round or (
                 verdict.block_id and verdict.block_id != session.in_flight.block.block_id):
             logger.debug("stale verdict for %s round %d dropped", verdict.request_id, verdict.round,
@@ -338,19 +349,15 @@ class SessionDriver(threading.Thread):
         elif session.in_flight is None:  # else the verify worker is on the block sent after this one
             self._due[session.request_id] = handle
 
-    def _count_round_trip(self) -> None:
-        self.meter.driver_round_trips += 1
-
-    def _execute(self, pipe) -> list:
-        self._count_round_trip()
+    def _execute(self, pipe, kind: str) -> list:
+        self.meter.count_round_trip(kind)
         return pipe.execute()
 
-    def _send(self, outgoing: list[tuple[SessionHandle, DraftBlock]], look: list[SessionHandle]) -> bool:
-        """Hand the outbox one pipeline: an RPUSH of every block to its session's sticky verify worker (the
-        pool when none is known), and the control look at `look`'s sessions. The blocks count as sent from
-        now on. False when there was no block (the look then may go alone)."""
+    def _blocks_job(self, outgoing: list[tuple[SessionHandle, DraftBlock]]) -> Job | None:
+        """An RPUSH of every block to its session's sticky verify worker (the pool when none is known), for the
+        outbox. The blocks count as sent from now on. None when there is no block."""
         if not outgoing:
-            return False
+            return None
         pushes = []
         sent_at, sent_wall = time.perf_counter(), time.time()  # the round trip starts with the push
         for handle, block in outgoing:
@@ -363,13 +370,13 @@ class SessionDriver(threading.Thread):
             pushes.append((queue, payload))
             session.sent(block, payload, worker, sent_at, sent_wall)
             self._due.pop(session.request_id, None)
-        self.outbox.send(Job(pushes, self._look_keys(look), context=look))
-        return True
+        return Job(pushes)
 
-    @staticmethod
-    def _look_keys(handles: list[SessionHandle]) -> list[str]:
-        return [key for handle in handles for key in (protocol.cancel_key(handle.session.request_id),
-                                                      protocol.request_key(handle.session.request_id))]
+    def _look_job(self, handles: list[SessionHandle]) -> Job:
+        """The control look at every session's cancel and request keys (_apply_look)."""
+        reads = [("EXISTS", key) for handle in handles for key in (protocol.cancel_key(handle.session.request_id),
+                                                                    protocol.request_key(handle.session.request_id))]
+        return Job(reads=reads, on_replies=lambda flags: self._apply_look(handles, flags), alone=TRIP_LOOK)
 
     def _take_outcomes(self) -> None:
         """The outbox's news: control looks to apply; a failed push (Redis away) raises here, so the loop
@@ -378,8 +385,9 @@ class SessionDriver(threading.Thread):
         for outcome in self.outbox.outcomes():
             if outcome.error is not None:
                 failed = outcome.error
-            elif outcome.job.context:
-                self._apply_look(outcome.job.context, outcome.look_flags)
+                if outcome.job.alone == TRIP_LIVENESS:
+                    self._liveness_out = False
+            outcome.apply()
         if failed is not None:
             raise failed if isinstance(failed, redis.RedisError) else redis.ConnectionError(str(failed))
 
@@ -417,41 +425,51 @@ class SessionDriver(threading.Thread):
             elif cancelled:
                 self._cancel(handle)
 
-    def _watch_flights(self) -> None:
-        """Failover (a block out long, its verify worker's heartbeat gone) and deadlines of the blocks out."""
+    def _watch_flights(self) -> list[Job]:
+        """Deadlines of the blocks out; and, at most every LIVENESS_EVERY_S, a look (returned, for the outbox) at
+        the heartbeats of the verify workers holding blocks out long, and at the pool's queue for blocks no
+        worker said it took: its replies fail over and resend (_on_liveness) on a later turn, so the driver
+        waits on no round trip for it, and the look rides with the turn's blocks when there are any."""
         now = time.perf_counter()
         waiting = [h for h in self._handles.values() if h.session.in_flight is not None]
-        suspects = {h.session.in_flight.worker for h in waiting
-                    if h.session.in_flight.worker and now - h.session.in_flight.sent_at > FAILOVER_AFTER_S}
-        untaken = [h for h in waiting if not h.session.in_flight.worker
-                   and now - h.session.in_flight.sent_at > UNTAKEN_AFTER_S]
-        if now - self._liveness_looked < LIVENESS_EVERY_S:
-            suspects, untaken = set(), []
-        elif suspects or untaken:
-            self._liveness_looked = now
-        if suspects or untaken:
-            self.outbox.flush()
-            with self.client.pipeline(transaction=False) as pipe:
-                for worker in suspects:
-                    pipe.exists(protocol.heartbeat_key(worker))
-                for handle in untaken:
-                    pipe.lpos(protocol.verify_pool_queue(handle.session.spec.pool), handle.session.in_flight.payload)
-                replies = self._execute(pipe)
-            alive = dict(zip(suspects, replies))
-            for handle in waiting:
-                flight = handle.session.in_flight
-                if flight.worker in suspects and not alive[flight.worker]:
-                    self._fail_over(handle)
-            for handle, position in zip(untaken, replies[len(suspects):]):
-                if position is None:  # out of the queue, and no worker said it took it: its taker died
-                    self._fail_over(handle)
-            self._resend_unanswered([h for h in waiting if h.session.in_flight is not None
-                                     and alive.get(h.session.in_flight.worker)], now)
         for handle in waiting:
-            if handle.session.in_flight is not None and \
-                    now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
+            if now - handle.session.in_flight.sent_at > self.verdict_timeout_s:
                 self._fail(handle, f"no verify worker answered round {handle.session.round} of "
                            f"{handle.session.request_id} within {self.verdict_timeout_s:.0f}s")
+        if self._liveness_out or now - self._liveness_looked < LIVENESS_EVERY_S:
+            return []
+        waiting = [(h, h.session.in_flight) for h in waiting if h.session.in_flight is not None]
+        suspects = sorted({flight.worker for _, flight in waiting
+                           if flight.worker and now - flight.sent_at > FAILOVER_AFTER_S})
+        untaken = [(h, flight) for h, flight in waiting
+                   if not flight.worker and now - flight.sent_at > UNTAKEN_AFTER_S]
+        if not suspects and not untaken:
+            return []
+        self._liveness_looked, self._liveness_out = now, True
+        reads = [("EXISTS", protocol.heartbeat_key(worker)) for worker in suspects]
+        reads += [("LPOS", protocol.verify_pool_queue(h.session.spec.pool), flight.payload) for h, flight in untaken]
+        return [Job(reads=reads, alone=TRIP_LIVENESS,
+                    on_replies=lambda replies: self._on_liveness(suspects, untaken, waiting, replies, now))]
+
+    def _on_liveness(self, suspects: list[str], untaken: list[tuple[SessionHandle, InFlight]],
+                     looked: list[tuple[SessionHandle, InFlight]], replies: list, looked_at: float) -> None:
+        """A liveness look's replies: blocks of workers whose heartbeat is gone go to the pool, and so do blocks
+        out of the pool's queue that no worker said it took; blocks at live workers may be resent. Only flights
+        still out as they were at the look are touched (a verdict or a BlockTaken may have come since)."""
+        self._liveness_out = False
+        alive = dict(zip(suspects, replies))
+        current = [(h, flight) for h, flight in looked
+                   if h.session.request_id in self._handles and h.session.in_flight is flight]
+        for handle, flight in current:
+            if flight.worker in alive and not alive[flight.worker]:
+                self._fail_over(handle)
+        for (handle, flight), position in zip(untaken, replies[len(suspects):]):
+            # out of the queue, and no worker said it took it: its taker died
+            if position is None and handle.session.in_flight is flight and not flight.worker \
+                    and handle.session.request_id in self._handles:
+                self._fail_over(handle)
+        self._resend_unanswered([h for h, flight in current if h.session.in_flight is flight
+                                 and alive.get(flight.worker)], looked_at)
 
     def _resend_unanswered(self, handles: list[SessionHandle], now: float) -> None:
         """Blocks at a live verify worker unanswered for RESEND_AFTER_S (and each time as long again) and out of its
@@ -460,11 +478,12 @@ class SessionDriver(threading.Thread):
                if now - h.session.in_flight.sent_at > RESEND_AFTER_S * (h.session.in_flight.unanswered_periods + 1)]
         if not due:
             return
+        self.outbox.flush()  # its copies go after what was handed over before
         with self.client.pipeline(transaction=False) as pipe:
             for handle in due:
                 flight = handle.session.in_flight
                 pipe.lpos(protocol.verify_worker_queue(flight.worker), flight.payload)
-            positions = self._execute(pipe)
+            positions = self._execute(pipe, TRIP_RESEND)
         for handle, position in zip(due, positions):
             if position is not None:  # still queued: its worker has not come to it yet; look again later
                 handle.session.in_flight.unanswered_periods += 1
@@ -481,7 +500,7 @@ class SessionDriver(threading.Thread):
                                flight.worker, flight.block.round, now - flight.sent_at,
                                extra={"request_id": handle.session.request_id})
                 pipe.rpush(protocol.verify_worker_queue(flight.worker), flight.payload)
-            self._execute(pipe)
+            self._execute(pipe, TRIP_RESEND)
         self.meter.resent_blocks += len(due)
 
     def _fail_over(self, handle: SessionHandle) -> None:
@@ -494,7 +513,7 @@ class SessionDriver(threading.Thread):
         flight.worker = None
         flight.sent_at = time.perf_counter()  # its deadlines count from the resend
         session.drop_ahead()
-        self._count_round_trip()
+        self.meter.count_round_trip(TRIP_FAILOVER)
         self.outbox.flush()
         self.client.rpush(protocol.verify_pool_queue(session.spec.pool), flight.payload)
         self.meter.failed_over_blocks += 1
@@ -520,18 +539,22 @@ class SessionDriver(threading.Thread):
         stream = protocol.output_stream(session.request_id)
         self.outbox.flush()  # its blocks handed over go first: the release block must come after them
         for _ in range(8):  # a verify worker may commit a round in between: retry at the new length
-            seq = int(self.client.xlen(stream))
-            last = self.client.xrevrange(stream, count=1)
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.xlen(stream)
+                pipe.xrevrange(stream, count=1)
+                seq, last = self._execute(pipe, TRIP_CLOSE)
             if last and OutputEvent.decode(last[0][1][b"m"]).finished:
                 break
-            event = OutputEvent(request_id=session.request_id, seq=seq, token_ids=[],
+            self.meter.count_round_trip(TRIP_CLOSE)
+            event = OutputEvent(request_id=session.request_id, seq=int(seq), token_ids=[],
                                 num_output_tokens=session.num_output, finished=True, finish_reason=reason,
                                 error=error, stats=session.stats)
-            if self.committer.commit(stream_key=stream, verdict_key=session.reply_to, expected_seq=seq,
+            if self.committer.commit(stream_key=stream, verdict_key=session.reply_to, expected_seq=int(seq),
                                      event=event.encode(), verdict=b"") == -1:
                 break
         worker = session.sticky_worker
         queue = protocol.verify_worker_queue(worker) if worker else protocol.verify_pool_queue(session.spec.pool)
+        self.meter.count_round_trip(TRIP_CLOSE)
         self.client.rpush(queue, session.release_block().encode())
 
     def _finish(self, handle: SessionHandle, error: str | None = None) -> None:

@@ -2,9 +2,12 @@
 
 A push of blocks waits a round trip for Redis's reply; over a slow link that
 is a whole RTT in which the driver thread would draft nothing. So the driver
-hands each turn's pipeline (its blocks, and the control look riding with
-them) to this thread and drafts on at once: the speculation of the next
-block starts while the block just sent travels.
+hands each turn's pipeline (its blocks, and the reads riding with them:
+the control look at cancellations, the look at suspect verify workers'
+heartbeats) to this thread and drafts on at once: the speculation of the
+next block starts while the block just sent travels. A job's replies come
+back to the driver's thread (Outbox.outcomes), which applies them: the
+driver itself waits on no round trip while blocks flow.
 
 Jobs go out in the order handed over, on one thread, so a session's blocks
 reach Redis in order (a chained block after its parent). Jobs handed over
@@ -30,39 +33,48 @@ from dataclasses import dataclass, field
 
 import redis
 
+from services.link.meter import TRIP_BLOCKS, TRIP_LOOK
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Job:
-    """One pipeline: RPUSHes (queue, payload), then EXISTS of each `look` key."""
+    """Part of a pipeline: RPUSHes (queue, payload), then reads (a command and its arguments, e.g.
+    ("EXISTS", key)), whose replies go to on_replies, called on the driver's thread (Outbox.outcomes)."""
 
     pushes: list[tuple[str, bytes]] = field(default_factory=list)
-    look_keys: list[str] = field(default_factory=list)
-    context: object = None  # the driver's, handed back with the outcome (the sessions looked at)
+    reads: list[tuple] = field(default_factory=list)
+    on_replies: Callable[[list], None] | None = None
+    alone: str = TRIP_LOOK  # what a pipeline without pushes counts as (services/link/meter.py)
 
 
 @dataclass
 class Outcome:
     job: Job
-    look_flags: list = field(default_factory=list)  # one reply per look key
+    replies: list = field(default_factory=list)  # one a read
     error: Exception | None = None
+
+    def apply(self) -> None:
+        if self.error is None and self.job.on_replies is not None:
+            self.job.on_replies(self.replies)
 
 
 class Outbox(threading.Thread):
     def __init__(self, client: redis.Redis, wake: threading.Event, stopping: threading.Event,
-                 on_round_trip: Callable[[], None]) -> None:
+                 on_round_trip: Callable[[str], None]) -> None:
         super().__init__(daemon=True, name="draft-outbox")
         self.client = client
         self.wake = wake
         self.stopping = stopping
         self.on_round_trip = on_round_trip
-        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._jobs: queue.Queue[list[Job]] = queue.Queue()
         self._outcomes: deque[Outcome] = deque()
 
-    def send(self, job: Job) -> None:
-        """Hand a job over; returns at once."""
-        self._jobs.put(job)
+    def send(self, *jobs: Job) -> None:
+        """Hand jobs over, to go in one pipeline; returns at once."""
+        if jobs:
+            self._jobs.put(list(jobs))
 
     def flush(self) -> None:
         """Return once every job handed over so far has gone (or failed), or the worker is stopping."""
@@ -81,17 +93,18 @@ class Outbox(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                jobs = [self._jobs.get(timeout=0.5)]
+                handed = [self._jobs.get(timeout=0.5)]
             except queue.Empty:
                 continue
             while True:  # and every job handed over meanwhile: one pipeline for all
                 try:
-                    jobs.append(self._jobs.get_nowait())
+                    handed.append(self._jobs.get_nowait())
                 except queue.Empty:
                     break
+            jobs = [job for batch in handed for job in batch]
             try:
                 self._outcomes.extend(self._execute(jobs))
-                if any(job.look_keys for job in jobs):
+                if any(job.reads for job in jobs):
                     self.wake.set()
             except redis.RedisError as exc:
                 self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
@@ -101,7 +114,7 @@ class Outbox(threading.Thread):
                 self._outcomes.extend(Outcome(job, error=exc) for job in jobs)
                 self.wake.set()
             finally:
-                for _ in jobs:
+                for _ in handed:
                     self._jobs.task_done()
 
     def _execute(self, jobs: list[Job]) -> list[Outcome]:
@@ -109,13 +122,13 @@ class Outbox(threading.Thread):
             for job in jobs:
                 for queue_name, payload in job.pushes:
                     pipe.rpush(queue_name, payload)
-                for key in job.look_keys:
-                    pipe.exists(key)
-            self.on_round_trip()
+                for command in job.reads:
+                    pipe.execute_command(*command)
+            self.on_round_trip(TRIP_BLOCKS if any(job.pushes for job in jobs) else jobs[0].alone)
             replies = pipe.execute()
         outcomes, at = [], 0
         for job in jobs:
             at += len(job.pushes)
-            outcomes.append(Outcome(job, look_flags=replies[at:at + len(job.look_keys)]))
-            at += len(job.look_keys)
+            outcomes.append(Outcome(job, replies=replies[at:at + len(job.reads)]))
+            at += len(job.reads)
         return outcomes

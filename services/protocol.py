@@ -466,7 +466,10 @@ class LinkFigures:
     verify_ms_p50: float | None = None  # the verify worker's own time per block, as it reports it
     rounds: int = 0  # rounds measured since start
     window: int = 0  # rounds the percentiles are over
-    round_trips_per_round: float | None = None  # the draft driver's round trips to Redis per round, since start
+    # the draft driver's round trips to Redis per verdict it applied, since start: in all, and by what they were for
+    # (services/link/meter.py: blocks, look, liveness, resend, failover, catch_up, close, recovery)
+    round_trips_per_round: float | None = None
+    round_trips_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
     # blocks verified ahead (services/speculative/chaining.py): how many a session may keep out now, and the
     # share of rounds since start whose block was verified before the verdict of the one before reached the draft
     blocks_ahead: int | None = None
@@ -489,10 +492,12 @@ class LinkFigures:
             return "-" if value is None else f"{value:.1f}"
 
         trips = "-" if self.round_trips_per_round is None else f"{self.round_trips_per_round:.2f}"
+        kinds = (" (" + ", ".join(f"{kind} {share:.2f}" for kind, share in self.round_trips_by_kind.items()) + ")"
+                 if self.round_trips_by_kind else "")
         return (f"Redis RTT {ms(self.redis_rtt_ms)} ms; round trip p50/p99 {ms(self.round_trip_ms_p50)}/"
                 f"{ms(self.round_trip_ms_p99)} ms; transport p50/p99 {ms(self.transport_ms_p50)}/"
                 f"{ms(self.transport_ms_p99)} ms; verify p50 {ms(self.verify_ms_p50)} ms (last {self.window} "
-                f"of {self.rounds} rounds); {trips} Redis round trips per round"
+                f"of {self.rounds} rounds); {trips} Redis round trips per round{kinds}"
                 + (f"; {self.blocks_ahead} blocks ahead, {self.verified_ahead:.0%} of rounds verified ahead"
                    if self.blocks_ahead is not None and self.verified_ahead is not None else "")
                 + (f"; blocks resent {self.resent_blocks}, failed over {self.failed_over_blocks}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from services.protocol import LinkFigures
@@ -33,6 +33,15 @@ from services.speculative.stats import percentile
 logger = logging.getLogger(__name__)
 
 WINDOW_ROUNDS = 256
+# What the draft driver's round trips to Redis are for (LinkFigures.round_trips_by_kind)
+TRIP_BLOCKS = "blocks"  # a pipeline of blocks, and the reads riding with them (draft_worker/outbox.py)
+TRIP_LOOK = "look"  # the control look at cancellations alone: no block went for LOOK_ALONE_AFTER_S
+TRIP_LIVENESS = "liveness"  # suspect verify workers' heartbeats (the pool's queue for untaken blocks), alone
+TRIP_RESEND = "resend"  # a block unanswered by a live worker: its queue looked at, then the block sent again
+TRIP_FAILOVER = "failover"  # a block sent to the pool again, its worker gone
+TRIP_CATCH_UP = "catch_up"  # the streams of sessions bridged while their drafts prefilled
+TRIP_CLOSE = "close"  # a cancelled or failed session's stream closed
+TRIP_RECOVERY = "recovery"  # every block in flight sent again after Redis was away
 PING_WEIGHT = 0.3  # the newest PING's weight in the smoothed RTT
 
 
@@ -63,14 +72,29 @@ class LinkMeter:
     redis_rtt_ms: float | None = None
     rounds: int = 0
     chained_rounds: int = 0  # of those, verified ahead (services/speculative/chaining.py)
-    driver_round_trips: int = 0  # the draft driver's, counted by it (one thread writes, the heartbeat reads)
+    verdicts: int = 0  # every verdict the driver applied (its rounds, measured or not): round trips count per verdict
     resent_blocks: int = 0  # counted by the driver too: blocks sent again to a live worker that had not answered
     failed_over_blocks: int = 0  # and blocks sent to the pool again because the worker holding them died
     _trips: deque = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # the draft driver's round trips to Redis by what they were for (TRIP_KINDS), counted by it and its outbox
+    _round_trips: Counter = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
         self._trips = deque(maxlen=self.window)
+
+    def count_round_trip(self, kind: str) -> None:
+        with self._lock:
+            self._round_trips[kind] += 1
+
+    def observe_verdict(self) -> None:
+        with self._lock:
+            self.verdicts += 1
+
+    @property
+    def driver_round_trips(self) -> int:
+        with self._lock:
+            return sum(self._round_trips.values())
 
     def observe_ping(self, rtt_ms: float) -> None:
         with self._lock:
@@ -90,6 +114,7 @@ class LinkMeter:
         with self._lock:
             trips = list(self._trips)
             rtt, rounds, chained = self.redis_rtt_ms, self.rounds, self.chained_rounds
+            verdicts, by_kind = self.verdicts, dict(self._round_trips)
 
         def pct(values: list[float], q: float) -> float | None:
             value = percentile(values, q)
@@ -102,6 +127,8 @@ class LinkMeter:
                            transport_ms_p50=pct(transports, 0.5), transport_ms_p99=pct(transports, 0.99),
                            verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
                            window=len(trips),
-                           round_trips_per_round=round(self.driver_round_trips / rounds, 3) if rounds else None,
+                           round_trips_per_round=round(sum(by_kind.values()) / verdicts, 3) if verdicts else None,
+                           round_trips_by_kind={kind: round(count / verdicts, 3) for kind, count in sorted(
+                               by_kind.items())} if verdicts else {},
                            blocks_ahead=blocks_ahead, verified_ahead=round(chained / rounds, 3) if rounds else None,
                            resent_blocks=self.resent_blocks, failed_over_blocks=self.failed_over_blocks)

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from services.engine.draft_session import InFlight
-from services.link.meter import LinkMeter, RoundTrip, smoothed, transport_ms
+from services.link.meter import TRIP_BLOCKS, TRIP_LIVENESS, LinkMeter, RoundTrip, smoothed, transport_ms
 from services.link.spec import LinkSpec, behind_link, parse_link, parse_link_levels, redis_address
 from services.protocol import PROTOCOL_VERSION, DraftBlock, Heartbeat, LinkFigures, LinkSetting, LinkStatus
 
@@ -79,6 +79,22 @@ def test_rtt_is_smoothed_and_the_meter_reports_its_window():
     assert (figures.rounds, figures.window) == (6, 4)
     assert figures.round_trip_ms_p50 == 104.0 and figures.round_trip_ms_p99 == 105.0  # rounds 2..5 kept
     assert figures.transport_ms_p50 == 44.0 and figures.verify_ms_p50 == 60.0
+
+
+def test_round_trips_count_per_verdict_and_by_what_they_were_for():
+    meter = LinkMeter()
+    assert meter.figures().round_trips_per_round is None and meter.figures().round_trips_by_kind == {}
+    for _ in range(4):
+        meter.observe_verdict()
+        meter.count_round_trip(TRIP_BLOCKS)
+    meter.count_round_trip(TRIP_BLOCKS)  # a block sent ahead, after the turn's own
+    meter.count_round_trip(TRIP_LIVENESS)
+    figures = meter.figures()
+    assert meter.driver_round_trips == 6
+    assert figures.round_trips_per_round == 1.5
+    assert figures.round_trips_by_kind == {TRIP_BLOCKS: 1.25, TRIP_LIVENESS: 0.25}
+    assert "1.50 Redis round trips per round (blocks 1.25, liveness 0.25)" in figures.describe()
+    assert LinkFigures.from_wire(figures.to_wire()) == figures
 
 
 def test_a_heartbeat_carries_link_figures_whole_and_old_heartbeats_still_decode():
