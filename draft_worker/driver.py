@@ -571,10 +571,12 @@ class SessionDriver(threading.Thread):
         handle.done.set()
 
     def drive(self, session: DraftSession, on_tick: Callable[[], None] | None = None,
-              every_s: float = 2.0) -> SessionSummary:
-        """From a task thread: run `session` to its end, calling on_tick() every every_s (the lease's renewal);
-        raises SessionFailed when it cannot finish."""
+              every_s: float = 2.0, on_started: Callable[[], None] | None = None) -> SessionSummary:
+        """From a task thread: run `session` to its end, calling on_started() once the driver has it and
+        on_tick() every every_s (the lease's renewal); raises SessionFailed when it cannot finish."""
         handle = self.submit(session)
+        if on_started is not None:
+            on_started()
         while not handle.done.wait(every_s):
             if on_tick is not None:
                 try:

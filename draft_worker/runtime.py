@@ -32,7 +32,8 @@ from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, SessionSpec
-from services.redis_client import REQUEST_TTL_S, read_events, read_heartbeats, release_lease, write_heartbeat
+from services.link.meter import TRIP_FINISH, TRIP_LEASE, TRIP_OPEN
+from services.redis_client import OpenedSession, open_session, read_heartbeats, release_lease, write_heartbeat
 from services.redis_conn import connect
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel
@@ -62,6 +63,7 @@ class DraftRuntime:
     driver: SessionDriver = field(init=False)
     recent: RecentRounds = field(default_factory=RecentRounds, init=False)
     _costs: dict = field(default_factory=dict, init=False)  # pool -> (read at, CostModel | None)
+    _costs_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # task threads, the heartbeat
 
     def __post_init__(self) -> None:
         self.driver = SessionDriver(client=self.client, worker_id=self.worker_id,
@@ -85,22 +87,39 @@ class DraftRuntime:
 
     def cost_model(self, pool: str) -> CostModel | None:
         """For block_policy "cost": the pool's step-cost grid (its verify workers' start-up profiles,
-        averaged) and this worker's draft cost; re-read at most every COST_REFRESH_S."""
+        averaged) and this worker's draft cost. Read once per pool on this path (the first session for it),
+        then from the cache, which the heartbeat thread refreshes (refresh_costs): a session's start waits on
+        no read of heartbeats, a trip or two over the link."""
         if self.settings.speculative.block_policy != "cost":
             return None
-        read_at, cost = self._costs.get(pool, (float("-inf"), None))
-        if time.monotonic() - read_at < COST_REFRESH_S:
-            return cost
-        curves = [beat.profile for beat in read_heartbeats(self.client)
-                  if beat.role == "verify" and beat.pool == pool and beat.profile]
-        keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_"))}
-        merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
-                  for key in keys}
+        with self._costs_lock:
+            cached = self._costs.get(pool)
+        return cached[1] if cached is not None else self._read_costs([pool])[pool]
+
+    def refresh_costs(self) -> None:
+        """Re-read the cost models of pools read more than COST_REFRESH_S ago, and of pools that had no verify
+        worker's profile yet (the heartbeat thread's, each beat)."""
+        now = time.monotonic()
+        with self._costs_lock:
+            stale = [pool for pool, (read_at, cost) in self._costs.items()
+                     if cost is None or now - read_at >= COST_REFRESH_S]
+        if stale:
+            self._read_costs(stale)
+
+    def _read_costs(self, pools: list[str]) -> dict[str, CostModel | None]:
+        beats = read_heartbeats(self.client)
         draft = {key: value for key, value in self.profile.items() if key.startswith("draft_")}
-        cost = CostModel.from_profile({**merged, **draft}, self.profile.get("draft_ms_per_token", 0.0)) \
-            if merged else None
-        self._costs[pool] = (time.monotonic(), cost)
-        return cost
+        costs = {}
+        for pool in pools:
+            curves = [beat.profile for beat in beats if beat.role == "verify" and beat.pool == pool and beat.profile]
+            keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_"))}
+            merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
+                      for key in keys}
+            costs[pool] = CostModel.from_profile({**merged, **draft}, self.profile.get("draft_ms_per_token", 0.0)) \
+                if merged else None
+        with self._costs_lock:
+            self._costs.update({pool: (time.monotonic(), cost) for pool, cost in costs.items()})
+        return costs
 
     def new_session(self, spec: SessionSpec, events: list) -> DraftSession:
         cost = self.cost_model(spec.pool)
@@ -166,50 +185,55 @@ def _record(runtime: DraftRuntime, request_id: str, **fields) -> None:
         logger.exception("could not record request %s", request_id)
 
 
-def _acquire_lease(runtime: DraftRuntime, request_id: str) -> bool:
-    """Become the session's only driver; wait while a live owner holds it. False: already finished.
-    The owner key names this worker from now on, for gateways watching for a dead owner."""
-    client = runtime.client
-    while not client.set(protocol.lease_key(request_id), runtime.instance, nx=True, ex=LEASE_TTL_S):
-        events = read_events(client, request_id)
-        if events and events[-1].finished:
-            return False
+def _open(runtime: DraftRuntime, request_id: str) -> OpenedSession | None:
+    """Become the session's only driver, in one round trip when its lease is free (services/redis_client.py,
+    OPEN_SESSION_LUA); wait while a live owner holds it. None: already finished. The owner key names this worker
+    from then on, for gateways watching for a dead owner."""
+    while True:
+        opened = open_session(runtime.client, request_id, runtime.instance, LEASE_TTL_S)
+        runtime.driver.meter.count_round_trip(TRIP_OPEN)
+        if opened.spec is None or opened.leased:
+            return opened
+        if opened.events and opened.events[-1].finished:
+            return None
         time.sleep(0.5)
-    client.set(protocol.owner_key(request_id), runtime.instance, ex=REQUEST_TTL_S)
-    return True
 
 
 def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
     client = runtime.client
-    raw_spec = client.get(protocol.request_key(request_id))
-    if raw_spec is None:
+    opened = _open(runtime, request_id)
+    if opened is None:
+        return {"request_id": request_id, "finish_reason": "already_finished"}
+    if opened.spec is None:
         logger.warning("request %s has no spec (expired or never created)", request_id)
         return {"request_id": request_id, "finish_reason": "error", "error": "no such request"}
-    spec = SessionSpec.decode(raw_spec)
-    if not _acquire_lease(runtime, request_id):
-        return {"request_id": request_id, "finish_reason": "already_finished"}
 
     def tick() -> None:  # off the hot path: the driver thread never waits on this
         client.set(protocol.lease_key(request_id), runtime.instance, ex=LEASE_TTL_S)
+        runtime.driver.meter.count_round_trip(TRIP_LEASE)
 
+    def started() -> None:  # SQL, after the driver has the session: its first block waits on no record
+        _record(runtime, request_id, status="running", started_at=datetime.now(timezone.utc))
+
+    released = False
     try:
-        events = read_events(client, request_id)
+        spec, events = SessionSpec.decode(opened.spec), opened.events
         if events and events[-1].finished:
             return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
-        _record(runtime, request_id, status="running", started_at=datetime.now(timezone.utc))
         session = runtime.new_session(spec, events)
         relay_ended = threading.Event()
         if session.awaits_opening:  # round 0 went from the gateway: its answer comes on the request's own list
             relay_opening(client, request_id, session.reply_to, relay_ended)
         try:
-            summary = runtime.driver.drive(session, tick, every_s=LEASE_TTL_S / 4)
+            summary = runtime.driver.drive(session, tick, every_s=LEASE_TTL_S / 4, on_started=started)
         except SessionFailed as exc:
             _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
             raise
         finally:
             relay_ended.set()
         result = summary.to_dict()
-        with client.pipeline() as pipe:  # for the bench: off the per-round path
+        with client.pipeline() as pipe:  # one trip, after the last verdict: the lease, and figures for the bench
+            release_lease(pipe, request_id, runtime.instance)
             for key, samples in ((protocol.TRANSPORT_SAMPLES_KEY, summary.transport_ms),
                                  (protocol.ROUND_TRIP_SAMPLES_KEY, summary.round_trip_ms)):
                 if samples:
@@ -218,6 +242,8 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
             for name, value in summary.timing.as_fields().items():
                 pipe.hincrbyfloat(protocol.DRAFT_TIMING_KEY, name, value)
             pipe.execute()
+        released = True
+        runtime.driver.meter.count_round_trip(TRIP_FINISH)
         _record(
             runtime,
             request_id,
@@ -232,7 +258,8 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
         )
         return result
     finally:
-        release_lease(client, request_id, runtime.instance)
+        if not released:
+            release_lease(client, request_id, runtime.instance)
 
 
 class DraftHeartbeat(threading.Thread):
@@ -261,6 +288,7 @@ class DraftHeartbeat(threading.Thread):
                                           link=meter.figures(runtime.driver.blocks_ahead),
                                           plain_opening_tokens=runtime.plain_opening_tokens)
                 write_heartbeat(runtime.client, beat, settings.worker.heartbeat_ttl_s)
+                runtime.refresh_costs()  # here, so that no session's start waits on reading heartbeats
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
                 logger.warning("draft heartbeat failed: %s", exc)
             except Exception:

@@ -466,8 +466,9 @@ class LinkFigures:
     verify_ms_p50: float | None = None  # the verify worker's own time per block, as it reports it
     rounds: int = 0  # rounds measured since start
     window: int = 0  # rounds the percentiles are over
-    # the draft driver's round trips to Redis per verdict it applied, since start: in all, and by what they were for
-    # (services/link/meter.py: blocks, look, liveness, resend, failover, catch_up, close, recovery)
+    # the draft worker's round trips to Redis for its sessions per verdict its driver applied, since start: in all,
+    # and by what they were for (services/link/meter.py: the driver's blocks, look, liveness, resend, failover,
+    # catch_up, close, recovery; the task threads' open, lease, finish)
     round_trips_per_round: float | None = None
     round_trips_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
     # blocks verified ahead (services/speculative/chaining.py): how many a session may keep out now, and the

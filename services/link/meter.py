@@ -33,7 +33,7 @@ from services.speculative.stats import percentile
 logger = logging.getLogger(__name__)
 
 WINDOW_ROUNDS = 256
-# What the draft driver's round trips to Redis are for (LinkFigures.round_trips_by_kind)
+# What a draft worker's round trips to Redis for its sessions are for (LinkFigures.round_trips_by_kind): the driver's
 TRIP_BLOCKS = "blocks"  # a pipeline of blocks, and the reads riding with them (draft_worker/outbox.py)
 TRIP_LOOK = "look"  # the control look at cancellations alone: no block went for LOOK_ALONE_AFTER_S
 TRIP_LIVENESS = "liveness"  # suspect verify workers' heartbeats (the pool's queue for untaken blocks), alone
@@ -42,6 +42,10 @@ TRIP_FAILOVER = "failover"  # a block sent to the pool again, its worker gone
 TRIP_CATCH_UP = "catch_up"  # the streams of sessions bridged while their drafts prefilled
 TRIP_CLOSE = "close"  # a cancelled or failed session's stream closed
 TRIP_RECOVERY = "recovery"  # every block in flight sent again after Redis was away
+# and a session's task thread's (draft_worker/runtime.py): one each at its start and end when nothing goes wrong
+TRIP_OPEN = "open"  # the spec, the lease and the output so far in one script (again while another holds the lease)
+TRIP_LEASE = "lease"  # the lease renewed, every LEASE_TTL_S / 4
+TRIP_FINISH = "finish"  # the lease given back and the figures for the bench
 PING_WEIGHT = 0.3  # the newest PING's weight in the smoothed RTT
 
 
@@ -77,7 +81,7 @@ class LinkMeter:
     failed_over_blocks: int = 0  # and blocks sent to the pool again because the worker holding them died
     _trips: deque = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    # the draft driver's round trips to Redis by what they were for (TRIP_KINDS), counted by it and its outbox
+    # the round trips to Redis by what they were for (TRIP_*), counted by the driver, its outbox and task threads
     _round_trips: Counter = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
