@@ -524,6 +524,7 @@ class Heartbeat(Message):
     num_accepted_tokens: int = 0
     latency_p50_ms: float | None = None  # per committed token, rolling
     latency_p99_ms: float | None = None
+    latency_p99_shared_ms: float | None = None  # of steps another session shared: what the latency rule reads
     profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
     batch_rows: float = 0.0  # verify workers: mean rows per target step
     step_counters: dict = field(default_factory=dict)  # verify workers, cumulative: steps, rows, forward_s, step_s

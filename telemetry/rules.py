@@ -7,10 +7,12 @@ Rules (thresholds in `telemetry:` of the YAML config):
 - utilization: pools whose mean utilization differs by more than utilization_gap
   move rebalance_step of weight from the busier to the idler one;
 - rejection: 1 - acceptance above rejection_alert raises an alert (event on entry);
-- latency: p99 per-token latency above latency_p99_ms, and above latency_over_unloaded times the worker's own
-  1-token forward (its profile), marks the pool degraded: the load made it slow. A target whose every token
-  takes longer than latency_p99_ms unloaded (a 1B model on a CPU: 200-300 ms) is not degraded by that alone;
-  capping its blocks would only make each token slower;
+- latency: p99 per-token latency of steps shared by two sessions or more above latency_p99_ms, and above
+  latency_over_unloaded times the worker's own 1-token forward (its profile), marks the pool degraded: the load
+  made it slow. A target whose every token takes longer than latency_p99_ms unloaded (a 1B model on a CPU:
+  200-300 ms) is not degraded by that alone, nor a lone stream by its own slow steps (a long block rejected
+  early, its draft behind a slow link, a pause of the box): capping their blocks would only make each token
+  slower;
 - acceptance: below acceptance_floor the pool's new sessions use plain target decoding.
 """
 
@@ -129,8 +131,9 @@ def evaluate(beats: list[Heartbeat], previous: RoutingTable | None, config: Tele
 
 
 def _over_latency_budget(beat: Heartbeat, config: TelemetrySettings) -> bool:
-    """p99 per-token latency over the budget, and over what the worker's own unloaded forward allows."""
-    p99 = beat.latency_p99_ms or 0.0
+    """p99 per-token latency of shared steps over the budget, and over what the worker's own unloaded forward
+    allows."""
+    p99 = beat.latency_p99_shared_ms or 0.0
     unloaded = beat.profile.get("verify_ms_1") or 0.0
     return p99 > max(config.latency_p99_ms, config.latency_over_unloaded * unloaded)
 

@@ -35,6 +35,10 @@ class WorkerFigures:
     counters: StepCounters = field(default_factory=StepCounters)
     rounds: deque = field(default_factory=lambda: deque(maxlen=200))  # (drafted, accepted) of recent rounds
     token_ms: deque = field(default_factory=lambda: deque(maxlen=200))  # step ms per committed token, recent
+    # the same, of steps another session shared (two rows or more): what load does to a stream. A lone stream's
+    # slow step is its own block's length, a rejection early in it, a pause of the box: no sign of load, and
+    # shorter blocks (what a degraded pool gets) would only slow it (telemetry/rules.py)
+    shared_token_ms: deque = field(default_factory=lambda: deque(maxlen=200))
 
     def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.rounds.append((num_draft_tokens, num_accepted))
@@ -60,7 +64,10 @@ class WorkerFigures:
         logger.debug("step: %d rows, %d tokens, forward %.1f ms, step %.1f ms", rows, tokens, 1000 * forward_s,
                      1000 * step_s)
         if streamed:  # ms per committed token, as a stream of this step saw it: step time x rows / tokens
-            self.token_ms.extend([1000 * step_s * streaming_rows / streamed] * min(streaming_rows, 8))
+            samples = [1000 * step_s * streaming_rows / streamed] * min(streaming_rows, 8)
+            self.token_ms.extend(samples)
+            if rows > 1:
+                self.shared_token_ms.extend(samples)
 
     def heartbeat_fields(self) -> dict:
         """The heartbeat's figures: acceptance over recent rounds, p50/p99 per-token latency, the counters."""
@@ -69,7 +76,12 @@ class WorkerFigures:
             "num_draft_tokens": sum(drafted for drafted, _ in rounds),
             "num_accepted_tokens": sum(accepted for _, accepted in rounds),
             "latency_p50_ms": token_ms[len(token_ms) // 2] if token_ms else None,
-            "latency_p99_ms": token_ms[min(len(token_ms) - 1, int(0.99 * len(token_ms)))] if token_ms else None,
+            "latency_p99_ms": _p99(token_ms),
+            "latency_p99_shared_ms": _p99(sorted(self.shared_token_ms)),
             "batch_rows": self.counters.mean_rows,
             "step_counters": asdict(self.counters),
         }
+
+
+def _p99(ordered: list[float]) -> float | None:
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None

@@ -54,7 +54,7 @@ def test_utilization_gap_rebalances():
 
 
 def test_rejection_alert_latency_degrade_and_acceptance_fallback():
-    beats = [beat("g", "gpu", num_draft_tokens=100, num_accepted_tokens=70, latency_p99_ms=250.0),
+    beats = [beat("g", "gpu", num_draft_tokens=100, num_accepted_tokens=70, latency_p99_shared_ms=250.0),
              beat("c", "cpu", num_draft_tokens=100, num_accepted_tokens=20)]
     table, events = evaluate(beats, None, CONFIG, NOW)
     assert table.alerts == ["c", "g"] and kinds(events).count("rejection_alert") == 2
@@ -68,17 +68,29 @@ def test_a_slow_model_is_not_degraded_by_its_size_only_by_its_load():
     """A 1B target on a CPU takes ~300 ms a token unloaded: over the 200 ms budget, yet not degraded (capping its
     blocks at 2 would make each token slower); at over 3x its own forward, the load made it slow: degraded."""
     big = {"verify_ms_1": 300.0}
-    unloaded, _ = evaluate([beat("c", "cpu", latency_p99_ms=745.0, profile=big)], None, CONFIG, NOW)
+    unloaded, _ = evaluate([beat("c", "cpu", latency_p99_shared_ms=745.0, profile=big)], None, CONFIG, NOW)
     assert unloaded.degraded_pools == []
-    loaded, _ = evaluate([beat("c", "cpu", latency_p99_ms=905.0, profile=big)], None, CONFIG, NOW)
+    loaded, _ = evaluate([beat("c", "cpu", latency_p99_shared_ms=905.0, profile=big)], None, CONFIG, NOW)
     assert loaded.degraded_pools == ["cpu"]
     small = {"verify_ms_1": 30.0}  # the built-in 135M target: the 200 ms budget is what binds
-    assert evaluate([beat("c", "cpu", latency_p99_ms=190.0, profile=small)], None, CONFIG, NOW)[0].degraded_pools == []
-    assert evaluate([beat("c", "cpu", latency_p99_ms=210.0, profile=small)], None, CONFIG, NOW)[0].degraded_pools == \
-        ["cpu"]
+    assert evaluate([beat("c", "cpu", latency_p99_shared_ms=190.0, profile=small)], None, CONFIG,
+                    NOW)[0].degraded_pools == []
+    assert evaluate([beat("c", "cpu", latency_p99_shared_ms=210.0, profile=small)], None, CONFIG,
+                    NOW)[0].degraded_pools == ["cpu"]
     strict = CONFIG.model_copy(update={"latency_over_unloaded": 1.0})
-    assert evaluate([beat("c", "cpu", latency_p99_ms=310.0, profile=big)], None, strict, NOW)[0].degraded_pools == \
-        ["cpu"]
+    assert evaluate([beat("c", "cpu", latency_p99_shared_ms=310.0, profile=big)], None, strict,
+                    NOW)[0].degraded_pools == ["cpu"]
+
+
+def test_a_lone_streams_slow_steps_do_not_degrade_its_pool():
+    """One stream whose draft sits behind a 50 ms link: a few of its steps ran over 200 ms a token (a long block
+    rejected early, a pause of the box), none shared with another session. Degrading the pool capped the next
+    request's blocks at 2 tokens, the slowest way to serve it."""
+    small = {"verify_ms_1": 41.0}
+    lone = beat("c", "cpu", latency_p99_ms=260.0, latency_p99_shared_ms=None, profile=small)
+    assert evaluate([lone], None, CONFIG, NOW)[0].degraded_pools == []
+    shared = beat("c", "cpu", latency_p99_ms=260.0, latency_p99_shared_ms=240.0, profile=small)
+    assert evaluate([shared], None, CONFIG, NOW)[0].degraded_pools == ["cpu"]
 
 
 def test_missing_heartbeat_drops_the_worker():

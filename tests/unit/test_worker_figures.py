@@ -14,3 +14,15 @@ def test_prefill_is_time_to_first_token_not_a_per_token_latency():
     fields = figures.heartbeat_fields()
     assert fields["latency_p50_ms"] == fields["latency_p99_ms"] == 1000 * 0.12 * 2 / 6
     assert fields["batch_rows"] == 2.0
+
+
+def test_the_latency_rule_reads_steps_another_session_shared():
+    """A lone stream's step is per-token latency, but no sign of load (telemetry/rules.py): only steps of two rows
+    or more (another stream, a prompt's chunk) go into latency_p99_shared_ms."""
+    figures = WorkerFigures()
+    figures.record_step(rows=1, tokens=14, forward_s=0.25, step_s=0.26, streaming_rows=1, streamed=1)
+    fields = figures.heartbeat_fields()
+    assert fields["latency_p99_ms"] == 260.0 and fields["latency_p99_shared_ms"] is None
+    figures.record_step(rows=2, tokens=2, forward_s=0.05, step_s=0.06, streaming_rows=2, streamed=2)
+    fields = figures.heartbeat_fields()
+    assert fields["latency_p99_shared_ms"] == 60.0 and fields["latency_p99_ms"] == 260.0
