@@ -13,7 +13,8 @@ WORD_PLAIN_ROUNDS target-only rounds; "" leaves the block to the draft's own cos
 plain). An arm is held at a load bucket (the sessions held) for a hold: it starts once a step saw every remote
 speculative session in the arm (each hears the word at its own next verdict), and measures the committed tokens
 per second of the HOLD_STEPS steps after that (all of them: sessions arriving and ending, drafts deciding on
-their own, are how the arm runs; the SETTLE_STEPS first and steps that prefilled a prompt left out). Per-step
+their own, are how the arm runs; the SETTLE_STEPS first and steps that prefilled a prompt left out; steps
+holding no remote speculative session, the plain route's alone, are neither arm's and do not count). Per-step
 figures of pure steps only were tried first: at 4 streams they measured drafting at 61 tok/s and plain at 45,
 while the routes ran at 37 and 56 (the slow parts of drafting under churn are the mixed steps). Drafting is
 measured first, then plain; then the faster is held and the other tried now and then (MeasuredTurns' trials,
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from services.speculative.block_length import WORD_PLAIN_ROUNDS
 from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns, load_bucket
 
+MIXED = "mixed"  # a step's remote speculative sessions: some drafting, some in target-only rounds
 HOLD_STEPS = WORD_PLAIN_ROUNDS  # steps a hold measures once its sessions switched to its arm
 MAX_GAP_S = 2.0  # a step that came longer than this after the one before (idle, a stall) is not measured
 # steps after the switch not measured: a switch to drafting starts with the drafts catching up on the tokens
@@ -88,10 +90,11 @@ class LoadWord:
     def stepped(self, load: int, seen: str | None, tokens: int | None, ended_at: float) -> None:
         """A step at `load` ended at `ended_at` (monotonic seconds), committing `tokens` (None: it prefilled a
         prompt too: not measured); `seen`: the arm its remote speculative sessions were in (DRAFT: every one
-        drafting, PLAIN: none, None: mixed or none held)."""
+        drafting, PLAIN: none, MIXED: some of each, None: none held). A step with no remote speculative session
+        (the plain route's alone) says nothing of either arm: it neither counts in a hold nor is measured."""
         last_end, self._last_end = self._last_end, ended_at
         hold = self.held.get(load_bucket(load))
-        if hold is None:
+        if hold is None or seen is None:
             return
         hold.steps += 1
         if not hold.started:
@@ -109,7 +112,7 @@ class LoadWord:
 
 def remote_arm(busy: list[bool]) -> str | None:
     """What the remote speculative sessions of a step do, from whether each one's draft is busy: all drafting
-    (DRAFT), none (PLAIN), else (or none held) None."""
+    (DRAFT), none (PLAIN), some of each (MIXED); None when it holds none."""
     if not busy:
         return None
-    return DRAFT if all(busy) else PLAIN if not any(busy) else None
+    return DRAFT if all(busy) else PLAIN if not any(busy) else MIXED

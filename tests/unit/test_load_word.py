@@ -5,7 +5,7 @@ from services.config import SpeculativeSettings
 from services.protocol import SessionSpec, Verdict
 from services.speculative.block_length import WORD_PLAIN_ROUNDS, BlockLengthController
 from services.speculative.measured_turns import DRAFT, PLAIN, load_bucket
-from verify_worker.load_word import MAX_GAP_S, SETTLE_STEPS, LoadWord
+from verify_worker.load_word import MAX_GAP_S, MAX_SWITCH_STEPS, MIXED, SETTLE_STEPS, LoadWord, remote_arm
 
 
 def run(word: LoadWord, load: int, tokens_per_step: int, step_s: float, clock: list[float],
@@ -39,7 +39,7 @@ def test_a_hold_measures_its_arm_after_every_session_switched_and_settled_mixed_
     assert word.word(2) == ""
     for _ in range(5):  # not every session drafts yet: the hold has not started
         clock[0] += 1.0
-        word.stepped(2, None, 100, clock[0])
+        word.stepped(2, MIXED, 100, clock[0])
     hold = word.held[2]
     assert not hold.started and hold.tokens == 0
     clock[0] += 1.0
@@ -49,7 +49,7 @@ def test_a_hold_measures_its_arm_after_every_session_switched_and_settled_mixed_
         word.stepped(2, DRAFT, 100, clock[0])
     assert hold.started and hold.tokens == 0
     clock[0] += 0.5
-    word.stepped(2, None, 3, clock[0])  # a session arriving or ending mid-hold: measured
+    word.stepped(2, MIXED, 3, clock[0])  # a session arriving or ending mid-hold: measured
     clock[0] += 0.5
     word.stepped(2, DRAFT, None, clock[0])  # it prefilled a prompt: not measured
     clock[0] += MAX_GAP_S + 0.5
@@ -66,13 +66,39 @@ def test_a_trial_that_never_started_confirms_nothing():
     assert run(word, 4, 12, 0.30, clock) == {""}  # drafting: 40 tok/s
     assert run(word, 4, 4, 0.08, clock) == {"plain"}  # plain: 50 tok/s
     assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
-    assert run(word, 4, 4, 0.1, clock, seen=None) == {""}  # the drafting trial: its sessions never all drafted
+    assert run(word, 4, 4, 0.1, clock, seen=MIXED) == {""}  # the drafting trial: its sessions never all drafted
     assert not word.turns.arms[(4, DRAFT)].turns > 1
     assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
-    assert run(word, 4, 4, 0.1, clock, seen=None) == {""}  # tried again after 16 holds, not 32
+    assert run(word, 4, 4, 0.1, clock, seen=MIXED) == {""}  # tried again after 16 holds, not 32
     assert [run(word, 4, 4, 0.08, clock) for _ in range(15)] == [{"plain"}] * 15
     assert run(word, 4, 12, 0.30, clock) == {""}  # measured this time, and it confirms plain
     assert [run(word, 4, 4, 0.08, clock) for _ in range(31)] == [{"plain"}] * 31  # so the next comes after 32
+
+
+def test_steps_without_a_remote_speculative_session_measure_no_arm():
+    """The plain route's requests between a speculative stream's (one verify worker serving both, a bench taking
+    turns between the routes): their steps are neither arm's. They used to count in the hold that was running, at
+    the plain route's speed, and to run out a hold waiting for sessions to switch."""
+    assert remote_arm([]) is None and remote_arm([True, False]) == MIXED
+    word, clock = LoadWord(), [0.0]
+    assert word.word(1) == ""
+    hold = word.held[1]
+    for _ in range(1 + SETTLE_STEPS):
+        clock[0] += 0.125
+        word.stepped(1, DRAFT, 3, clock[0])
+    clock[0] += 0.125
+    word.stepped(1, DRAFT, 3, clock[0])
+    for _ in range(8):  # a plain-route request: one token a step
+        clock[0] += 0.0625
+        word.stepped(1, None, 1, clock[0])
+    clock[0] += 0.125
+    word.stepped(1, DRAFT, 3, clock[0])  # the stream again: measured from the step before, as any
+    assert (hold.tokens, hold.seconds, hold.steps) == (6, 0.25, SETTLE_STEPS + 2)
+    waiting = LoadWord()
+    waiting.word(1)
+    for _ in range(2 * MAX_SWITCH_STEPS):  # no speculative session at all: the hold waits for one
+        waiting.stepped(1, None, 1, 1.0)
+    assert not waiting.held[1].over and waiting.held[1].steps == 0
 
 
 def test_where_drafting_is_faster_the_word_leaves_the_block_to_the_draft():
