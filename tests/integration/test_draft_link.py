@@ -128,8 +128,12 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         # verdict, its blocks' push (none for the opening, which the gateway sent; two after a block sent ahead of
         # a verdict that then cut its parent short), and a few of other kinds (a look at the session's stream
         # after its opening, control looks while nothing goes); polling made it three or more
-        assert 0.5 <= beat.link.round_trips_by_kind.get("blocks", 0.0) <= 1.5, beat.link
-        assert beat.link.round_trips_per_round <= 2.0, beat.link
+        kinds = beat.link.round_trips_by_kind
+        assert 0.5 <= kinds.get("blocks", 0.0) <= 1.5, beat.link
+        # the task thread's trips, once a session at its start and end (and a lease renewal now and then), are
+        # counted too, but per session: a 24-token request has few verdicts to spread them over
+        assert kinds.get("open", 0.0) > 0, beat.link
+        assert sum(share for kind, share in kinds.items() if kind not in ("open", "lease", "finish")) <= 2.0, beat.link
         for _ in range(50):  # the session's samples are recorded as it ends, a link's delay after the answer
             if clean_redis.llen(TRANSPORT_SAMPLES_KEY):
                 break
