@@ -406,7 +406,7 @@ class VerifyWorker:
         spec = SessionSpec.decode(raw_spec)
         outcome = resume_block(self.engine, spec, events, block, reuse=self.sessions.reuse_prefix)
         if isinstance(outcome, VerifySession):
-            outcome.may_bridge = self.scheduler.bridge and bridges(spec.sampling, spec.route)
+            outcome.may_bridge = bridges(spec.sampling, spec.route, enabled=self.scheduler.bridge)
             outcome.draft_after_opening = self.draft_after_opening
             self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
         elif outcome is not None:  # a stale block: answered, and a session held here is left as it is

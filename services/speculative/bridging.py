@@ -17,8 +17,15 @@ Greedy output stays identical to target-only (every committed token is the
 target's own choice or a draft token checked against it). Sampled output
 keeps its distribution: the bridged tokens are the target's own samples and
 the rest of the block is drafted on exactly that prefix. Seeded sampling
-does not bridge: round r draws from its own stream, and where the rounds fall
-would depend on timing.
+does not bridge on the speculative route: round r draws from its own stream,
+and where the rounds fall would depend on timing.
+
+The plain route (`"route": "ar"`) always bridges. Its blocks are target-only
+rounds (up to 64) that a draft worker sends after each verdict, so without a
+bridge every block would wait a trip over the draft link, and the first one
+the task's start too. Its draft drafts nothing, so decoding on takes no core
+from it. Every round is one token wherever the blocks fall, so seeded
+sampling draws the same tokens too.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ def fast_forward(draft_ids: Sequence[int], bridged_ids: Sequence[int]) -> FastFo
     return FastForward(checked, matched, 0)
 
 
-def bridges(sampling: SamplingParams, route: str) -> bool:
-    """Whether a session may bridge: drafted remotely on the speculative route, greedy or unseeded."""
-    return route == "sd" and sampling.layout_free
+def bridges(sampling: SamplingParams, route: str, *, enabled: bool = True) -> bool:
+    """Whether a session drafted remotely may bridge: always on the plain route, and on the speculative route
+    where `enabled` (scheduler.bridge) for greedy or unseeded sampling."""
+    if route == "ar":
+        return True
+    return enabled and route == "sd" and sampling.layout_free

@@ -282,6 +282,35 @@ def test_a_chained_block_after_a_bridged_parent_takes_the_round_after_its_verdic
     assert [event.seq for event in read_events(client, "r")] == list(range(5))
 
 
+@pytest.mark.timeout(60)  # without a bridge, bridge() would wait for ever
+def test_a_plain_route_session_decodes_on_between_its_blocks_and_seeded_draws_stay_the_same(client, worker):
+    """The plain route bridges whatever scheduler.bridge says (`worker` does not bridge the speculative route):
+    its blocks are target-only rounds that a draft worker sends after each verdict, a trip over the draft link
+    each. A seeded sampled request commits the tokens of one block of all its rounds."""
+    def spec(request_id: str) -> SessionSpec:
+        return SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=12, ignore_eos=True,
+                           sampling=SamplingParams(temperature=0.9, seed=11), route="ar")
+
+    submit_spec(client, spec("whole"))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="whole", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], reply_to=REPLY, num_rounds=12).encode())
+    while not read_events(client, "whole") or not read_events(client, "whole")[-1].finished:
+        worker.turn(0.05)
+    submit_spec(client, spec("r"))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())  # round 0 alone, as the gateway opens it
+    while not [v for v in verdicts(client) if v.request_id == "r"]:
+        worker.turn(0.1)
+    bridge(client, worker, 3)  # no block on its way yet: the target decodes on
+    assert len(output_tokens(client, "r")) == 4 and len([v for v in verdicts(client) if v.request_id == "r"]) == 1
+    # the draft's block of the rest, sent from the first verdict: it takes over the rounds bridged meanwhile
+    worker._admit([(block(1, len(PROMPT) + 1, num_rounds=11).encode(), False)])
+    while not read_events(client, "r")[-1].finished:
+        worker.turn(0.05)
+    assert output_tokens(client, "r") == output_tokens(client, "whole") and len(output_tokens(client, "r")) == 12
+    last = [v for v in verdicts(client) if v.request_id == "r"][-1]
+    assert (last.round, last.num_rounds) == (1, 11)
+
+
 def test_a_seeded_sampled_session_does_not_bridge(client, bridging):
     worker = bridging
     sampling = SamplingParams(temperature=0.9, seed=11)

@@ -23,12 +23,18 @@ def test_fast_forward(draft_ids, bridged_ids, expected):
     assert fast_forward(draft_ids, bridged_ids) == expected
 
 
-def test_greedy_and_unseeded_sessions_of_the_speculative_route_bridge():
+def test_greedy_and_unseeded_sessions_of_the_speculative_route_bridge_where_enabled():
     assert bridges(SamplingParams(), "sd")
     assert bridges(SamplingParams(temperature=0.8), "sd")
     assert not bridges(SamplingParams(temperature=0.8, seed=7), "sd")  # round r draws from its own stream
     assert bridges(SamplingParams(temperature=0.0, seed=7), "sd")  # greedy draws nothing
-    assert not bridges(SamplingParams(), "ar")
+    assert not bridges(SamplingParams(), "sd", enabled=False)
+
+
+def test_the_plain_route_always_bridges_seeded_too():
+    """Each of its rounds is one token wherever its blocks fall, and its draft drafts nothing."""
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=7)):
+        assert bridges(sampling, "ar") and bridges(sampling, "ar", enabled=False)
 
 
 def test_checked_draft_tokens_count_as_drafted_and_accepted_in_no_target_call():
