@@ -120,7 +120,8 @@ class DraftSession:
         bound_draft_context(self.drafter, len(spec.prompt_ids), speculative.draft_context_tokens)
         self.recent = recent
         prior = recent.alpha() if recent is not None else None
-        explore = recent.explore() if recent is not None else True
+        # only a session that may draft takes a turn at exploring (a plain-route session would use up the turn)
+        explore = recent.explore() if recent is not None and self.drafter is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
         self.sampling = spec.sampling
         if recent is not None:

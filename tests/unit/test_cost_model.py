@@ -118,6 +118,26 @@ def test_recent_rounds_give_the_prior_and_the_load():
     assert all(fresh.explore() for _ in range(5))  # no evidence yet: every session tries drafting
 
 
+def test_only_sessions_that_may_draft_take_a_turn_at_exploring():
+    """Every explore_every-th new session probes drafting against a prior that says it loses; a plain-route
+    session (no drafter) takes no turn, or a plain burst would hand the probes to no one."""
+    from services.engine.draft_session import DraftSession
+    from services.models.drafters.ngram import NgramDrafter
+    from services.protocol import SessionSpec
+
+    recent = RecentRounds(min_rounds=1, explore_every=2)
+    recent.observe(4, 0, rows=1)  # a prior of acceptance 0: drafting loses
+
+    def probes(route: str) -> bool:
+        spec = SessionSpec(request_id="r", prompt_ids=[1, 2, 3, 1, 2, 3], max_new_tokens=32, route=route)
+        session = DraftSession(spec, [], drafter=NgramDrafter(), speculative=SpeculativeSettings(), cost=UNEVEN,
+                               reply_to="inbox", pipelined=False, recent=recent)
+        return session.drafter is not None and not session.controller.fallen_back
+
+    assert [probes(route) for route in ("sd", "ar", "sd", "ar", "ar", "sd", "sd")] == \
+        [True, False, False, False, False, True, False]
+
+
 def test_the_fallback_goes_by_pay_off_not_acceptance():
     """The 30% acceptance floor is for drafts without measured costs: under the cost policy a free draft that is
     rarely right still pays, and a draft that is often right but dear does not."""
