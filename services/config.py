@@ -222,8 +222,9 @@ class SchedulerSettings(BaseModel):
                                            "target-only's TTFT on 2 cores, docs/bench/prefill-alone-2026-12-04); "
                                            "max_batch_tokens applies again once a stream runs")
     bridge: bool = Field(False, description="between a verdict and a remote speculative session's next block, "
-                         "decode it target-only instead of idling (the plain route always does), and check the "
-                         "block against those tokens when it comes "
+                         "decode it target-only instead of idling (the plain route always does, and so does a "
+                         "session after target-only rounds past its opening), and check the block against those "
+                         "tokens when it comes "
                          "(services/speculative/bridging.py; lossless; greedy and unseeded sampling). Steadier "
                          "streams; +7% at 20 ms RTT where the verify worker has its cores to itself, -7% where it "
                          "shares them with a draft worker, as on one box (docs/bench/bridging-2026-12-03)")

@@ -283,6 +283,40 @@ def test_a_chained_block_after_a_bridged_parent_takes_the_round_after_its_verdic
 
 
 @pytest.mark.timeout(60)  # without a bridge, bridge() would wait for ever
+def test_after_target_only_rounds_the_worker_decodes_on_until_the_next_block_and_not_after_a_drafted_one(
+        client, worker):
+    """scheduler.bridge off: after target-only rounds past the opening (the load's word, a fallback) the draft
+    drafted nothing, and the worker decodes on while the verdict and the next block cross the link; a block
+    drafted from that verdict goes on from the bridge. After a drafted block, and for seeded sampling, it waits."""
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
+    turn_until(worker, lambda: verdicts(client))
+    session = worker.sessions.get("r")
+    assert not session.has_work  # the opening: its draft drafts the first block meanwhile
+    worker._admit([(block(1, len(PROMPT) + 1, num_rounds=3, block_id=2).encode(), False)])
+    turn_until(worker, lambda: len(verdicts(client)) == 2)
+    assert session.bridging
+    bridge(client, worker, 2)
+    assert output_tokens(client, "r") == out[:6] and len(verdicts(client)) == 2
+    worker._admit([(block(4, len(PROMPT) + 4, out[4:9], block_id=3).encode(), False)])
+    turn_until(worker, lambda: len(verdicts(client)) == 3)
+    verdict = verdicts(client)[-1]
+    assert (verdict.num_bridged, verdict.num_accepted, verdict.committed_ids) == (2, 5, out[4:10])
+    assert not session.has_work  # no bridge after a drafted block
+    sampling = SamplingParams(temperature=0.9, seed=3)
+    submit_spec(client, SessionSpec(request_id="s", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True,
+                                    sampling=sampling))
+    seeded = [DraftBlock(request_id="s", round=0, num_committed=len(PROMPT), draft_ids=[], reply_to=REPLY),
+              DraftBlock(request_id="s", round=1, num_committed=len(PROMPT) + 1, draft_ids=[], reply_to=REPLY,
+                         num_rounds=2)]
+    for sent, block_sent in enumerate(seeded, start=1):
+        client.rpush(verify_pool_queue("cpu"), block_sent.encode())
+        turn_until(worker, lambda: len([v for v in verdicts(client) if v.request_id == "s"]) == sent)
+    assert not worker.sessions.get("s").has_work and len(output_tokens(client, "s")) == 3
+
+
+@pytest.mark.timeout(60)  # without a bridge, bridge() would wait for ever
 def test_a_plain_route_session_decodes_on_between_its_blocks_and_seeded_draws_stay_the_same(client, worker):
     """The plain route bridges whatever scheduler.bridge says (`worker` does not bridge the speculative route):
     its blocks are target-only rounds that a draft worker sends after each verdict, a trip over the draft link
@@ -370,13 +404,14 @@ def finished(client, request_id: str) -> bool:
 
 
 def turn_until(worker, done) -> list[int]:
-    """Turns until done(); the threads of the forwards they ran."""
-    start = len(worker.forward_threads)
+    """Turns until done(); the threads of the forwards they ran (recorded by the `wide` fixture's worker)."""
+    threads = getattr(worker, "forward_threads", [])
+    start = len(threads)
     deadline = time.monotonic() + 30
     while not done():
         assert time.monotonic() < deadline
         worker.turn(0.1)
-    return worker.forward_threads[start:]
+    return threads[start:]
 
 
 def test_a_step_borrows_the_draft_core_only_while_no_session_keeps_a_draft_busy(client, wide):
