@@ -31,7 +31,7 @@ from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
-from services.protocol import DraftFallback, SessionSpec
+from services.protocol import DraftFallback, OutputEvent, SessionSpec
 from services.link.meter import TRIP_FINISH, TRIP_LEASE, TRIP_OPEN
 from services.redis_client import OpenedSession, open_session, read_heartbeats, release_lease, write_heartbeat
 from services.redis_conn import connect
@@ -232,7 +232,11 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
         finally:
             relay_ended.set()
         result = summary.to_dict()
-        with client.pipeline() as pipe:  # one trip, after the last verdict: the lease, and figures for the bench
+        # one trip, after the last verdict: the stream's last event (its output count is the client's completion
+        # tokens: the target commits the EOS, and a block's tokens past a stop, which the output leaves out), the
+        # lease, and figures for the bench
+        with client.pipeline() as pipe:
+            pipe.xrevrange(protocol.output_stream(request_id), count=1)
             release_lease(pipe, request_id, runtime.instance)
             for key, samples in ((protocol.TRANSPORT_SAMPLES_KEY, summary.transport_ms),
                                  (protocol.ROUND_TRIP_SAMPLES_KEY, summary.round_trip_ms)):
@@ -241,15 +245,16 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
                     pipe.ltrim(key, 0, protocol.TRANSPORT_SAMPLES_MAX - 1)
             for name, value in summary.timing.as_fields().items():
                 pipe.hincrbyfloat(protocol.DRAFT_TIMING_KEY, name, value)
-            pipe.execute()
+            last = pipe.execute()[0]
         released = True
+        output_tokens = OutputEvent.decode(last[0][1][b"m"]).num_output_tokens if last else summary.num_output_tokens
         runtime.driver.meter.count_round_trip(TRIP_FINISH)
         _record(
             runtime,
             request_id,
             status="cancelled" if summary.finish_reason == "cancelled" else "finished",
             finish_reason=summary.finish_reason,
-            completion_tokens=summary.num_output_tokens,
+            completion_tokens=output_tokens,
             **summary.stats.row_counters(),
             transport_ms_p50=result["transport_ms_p50"],
             plain_reason=summary.plain_reason,

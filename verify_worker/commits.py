@@ -47,7 +47,7 @@ class StreamCommits:
         for request_id, _ in requests:
             session = self.sessions.pop(request_id)
             if session is not None and session.local is not None and self.recorder is not None:
-                self.recorder.ended(session.local, error=message)
+                self.recorder.ended(session.local, len(session.target.output.output_ids), error=message)
 
     def publish(self, items: list[CommitItem]) -> None:
         """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
@@ -93,7 +93,7 @@ class StreamCommits:
         self.committed.finish(item.request_id, time.monotonic())
         session = self.sessions.pop(item.request_id, retire=True)
         if session is not None and session.local is not None and self.recorder is not None:
-            self.recorder.ended(session.local)
+            self.recorder.ended(session.local, len(session.target.output.output_ids))
 
     def refill(self, request_ids: list[str], verdicts: list[CommitItem] = ()) -> int:
         """Append again the events these requests' streams lost (verify_worker/committed.py), then push
@@ -140,4 +140,4 @@ class StreamCommits:
                               expected_seq=session.round, event=event.encode(), verdict=b"")
         session.local.finish_reason = "cancelled"
         if self.recorder is not None:
-            self.recorder.ended(session.local)
+            self.recorder.ended(session.local, len(target.output.output_ids))

@@ -30,12 +30,14 @@ class Recorder(threading.Thread):
     def started(self, request_id: str) -> None:
         self._queue.put((request_id, {"status": "running", "started_at": datetime.now(timezone.utc)}))
 
-    def ended(self, session: DraftSession, *, error: str | None = None) -> None:
+    def ended(self, session: DraftSession, num_output_tokens: int, *, error: str | None = None) -> None:
+        """num_output_tokens: the output the stream carries (the client's `completion_tokens`: no EOS, nothing
+        committed past a stop), not the tokens the target committed."""
         summary = session.summary()
         status = "failed" if error else ("cancelled" if summary.finish_reason == "cancelled" else "finished")
         self._queue.put((session.request_id, {
             "status": status, "finish_reason": "error" if error else summary.finish_reason, "error": error,
-            "completion_tokens": summary.num_output_tokens, **summary.stats.row_counters(),
+            "completion_tokens": num_output_tokens, **summary.stats.row_counters(),
             "plain_reason": summary.plain_reason,
             "first_token_at": _utc(summary.first_token_at), "finished_at": datetime.now(timezone.utc)}))
 

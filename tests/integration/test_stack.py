@@ -239,6 +239,28 @@ def test_client_disconnect_cancels_the_session(stack, client):
     wait_for(lambda: sessions_held(stack) == 0)
 
 
+def test_the_request_record_counts_the_tokens_its_client_got(stack, client, dev_prompts):
+    """The request's row (`GET /v1/requests/{id}`) counts what the client got, as its usage does: the target
+    commits the EOS, and a block's tokens past a stop string, which the output leaves out (the row read 24 on the
+    plain route and 26 on the speculative one for this prompt's 23 tokens)."""
+    prompt = next(p for p in dev_prompts if p["id"] == "self_instruct:user_oriented_task_16")["prompt"]
+
+    def recorded(body: dict) -> int:
+        status = wait_for(lambda: (lambda s: s if s["status"] == "finished" else None)(
+            client.get(f"/v1/requests/{body['id']}").json()))
+        return status["completion_tokens"]
+
+    for route in ({}, {"route": "ar"}):
+        whole = client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=64, **route)).json()
+        assert whole["choices"][0]["finish_reason"] == "stop", whole  # on the EOS
+        assert recorded(whole) == whole["usage"]["completion_tokens"]
+        text = whole["choices"][0]["message"]["content"]
+        stop = text[len(text) // 2:len(text) // 2 + 6]
+        cut = client.post("/v1/chat/completions", json=chat_body(prompt, max_tokens=64, stop=[stop], **route)).json()
+        assert 0 < cut["usage"]["completion_tokens"] < whole["usage"]["completion_tokens"]
+        assert recorded(cut) == cut["usage"]["completion_tokens"]
+
+
 def test_request_status_has_timings_and_stats(stack, client):
     body = client.post("/v1/chat/completions", json=chat_body("Name a fruit.", max_tokens=8)).json()
     status = wait_for(lambda: (lambda s: s if s["status"] == "finished" else None)(
