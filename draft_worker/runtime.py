@@ -185,16 +185,34 @@ def _record(runtime: DraftRuntime, request_id: str, **fields) -> None:
         logger.exception("could not record request %s", request_id)
 
 
+def _record_ended(runtime: DraftRuntime, request_id: str, last: OutputEvent) -> None:
+    """A request found finished when its task opened it: a task that came back after its worker was killed, or
+    one that waited on a dead owner's lease, while the verify worker finished the session on its own (bridging).
+    Its driver wrote no ending: the row gets it from the stream's last event, unless it has one."""
+    if runtime.db is None:
+        return
+    reason = last.finish_reason or "stop"
+    status = "failed" if reason == "error" else "cancelled" if reason == "cancelled" else "finished"
+    try:
+        with runtime.db() as session:
+            crud.close_if_open(session=session, request_id=request_id, status=status, finish_reason=reason,
+                               completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
+                               finished_at=datetime.now(timezone.utc))
+    except Exception:  # SQL is the record, not the hot path
+        logger.exception("could not record request %s", request_id)
+
+
 def _open(runtime: DraftRuntime, request_id: str) -> OpenedSession | None:
     """Become the session's only driver, in one round trip when its lease is free (services/redis_client.py,
-    OPEN_SESSION_LUA); wait while a live owner holds it. None: already finished. The owner key names this worker
-    from then on, for gateways watching for a dead owner."""
+    OPEN_SESSION_LUA); wait while a live owner holds it. None: already finished (its row closed if its driver did
+    not). The owner key names this worker from then on, for gateways watching for a dead owner."""
     while True:
         opened = open_session(runtime.client, request_id, runtime.instance, LEASE_TTL_S)
         runtime.driver.meter.count_round_trip(TRIP_OPEN)
         if opened.spec is None or opened.leased:
             return opened
         if opened.events and opened.events[-1].finished:
+            _record_ended(runtime, request_id, opened.events[-1])
             return None
         time.sleep(0.5)
 
@@ -219,6 +237,7 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
     try:
         spec, events = SessionSpec.decode(opened.spec), opened.events
         if events and events[-1].finished:
+            _record_ended(runtime, request_id, events[-1])
             return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
         session = runtime.new_session(spec, events)
         relay_ended = threading.Event()

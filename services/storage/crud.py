@@ -125,6 +125,15 @@ def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
     session.commit()
 
 
+def close_if_open(*, session: Session, request_id: str, **fields: Any) -> bool:
+    """A request's ending, written only while its row still says queued or running: the view of a task that found
+    the request already finished must not overwrite the record its own driver wrote. True: written."""
+    result = session.execute(update(Request).where(Request.id == request_id,
+                                                   Request.status.in_(("queued", "running"))).values(**fields))
+    session.commit()
+    return bool(result.rowcount)
+
+
 def record_event(
     *,
     session: Session,

@@ -118,3 +118,35 @@ def test_a_task_waits_while_a_live_owner_holds_the_lease_and_ends_when_the_reque
     finally:
         runtime.close()
     assert client.get(protocol.lease_key(spec.request_id)) == owner.encode()
+
+
+def test_a_task_that_finds_its_request_finished_closes_the_row_its_driver_left_open(target, redis_url, tmp_path):
+    """A killed draft worker's task comes back after the verify worker finished the session on its own: the row
+    still says running, and the task closes it from the stream's last event. A closed row stays as written."""
+    from draft_worker.runtime import drive_session
+    from services.storage import crud
+    from services.storage.db import init_db, session_factory
+
+    client = redis.Redis.from_url(redis_url)
+    source = DraftSource("tiny-draft", perturbed_copy(target, scale=0.05, seed=1))
+    runtime = draft_runtime(client, source)
+    runtime.db = session_factory(init_db(f"sqlite:///{tmp_path / 'rows.db'}"))
+    try:
+        for request_id, status in (("ended-open", "running"), ("ended-closed", "finished")):
+            submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=4))
+            with runtime.db() as session:
+                crud.create_request(session=session, request_id=request_id, model="tiny", endpoint="chat",
+                                    prompt_tokens=len(PROMPT), params={}, priority="normal", route="sd", pool="cpu",
+                                    api_key_id=None)
+                crud.update_request(session=session, request_id=request_id, status=status, completion_tokens=2)
+            last = OutputEvent(request_id=request_id, seq=0, token_ids=[7, 8, 9], num_output_tokens=3,
+                               finished=True, finish_reason="stop")
+            client.xadd(protocol.output_stream(request_id), {"m": last.encode()})
+            assert drive_session(runtime, request_id)["finish_reason"] == "stop"
+        with runtime.db() as session:
+            opened, closed = (crud.get_request(session=session, request_id=r) for r in ("ended-open", "ended-closed"))
+            assert (opened.status, opened.finish_reason, opened.completion_tokens) == ("finished", "stop", 3)
+            assert opened.finished_at is not None
+            assert (closed.status, closed.completion_tokens) == ("finished", 2)
+    finally:
+        runtime.close()
