@@ -192,10 +192,10 @@ def _record_ended(runtime: DraftRuntime, request_id: str, last: OutputEvent) -> 
     if runtime.db is None:
         return
     reason = last.finish_reason or "stop"
-    status = "failed" if reason == "error" else "cancelled" if reason == "cancelled" else "finished"
     try:
         with runtime.db() as session:
-            crud.close_if_open(session=session, request_id=request_id, status=status, finish_reason=reason,
+            crud.close_if_open(session=session, request_id=request_id, status=crud.ended_status(reason),
+                               finish_reason=reason,
                                completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
                                finished_at=datetime.now(timezone.utc))
     except Exception:  # SQL is the record, not the hot path

@@ -78,9 +78,7 @@ async def cancel_answer(state: GatewayState, request_id: str, params: dict) -> N
 def _status(last: OutputEvent | None, finished: bool) -> tuple[str, str]:
     if not finished or last is None:
         return "cancelled", "cancelled"
-    if last.finish_reason == "error":
-        return "failed", "error"
-    return ("cancelled" if last.finish_reason == "cancelled" else "finished"), last.finish_reason or "stop"
+    return crud.ended_status(last.finish_reason), last.finish_reason or "stop"
 
 
 async def close_follower_row(state: GatewayState, request_id: str, *, last: OutputEvent | None, finished: bool,

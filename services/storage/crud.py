@@ -125,6 +125,11 @@ def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
     session.commit()
 
 
+def ended_status(finish_reason: str | None) -> str:
+    """The row status of a request whose output ended with `finish_reason`."""
+    return "failed" if finish_reason == "error" else "cancelled" if finish_reason == "cancelled" else "finished"
+
+
 def close_if_open(*, session: Session, request_id: str, **fields: Any) -> bool:
     """A request's ending, written only while its row still says queued or running: the view of a task that found
     the request already finished must not overwrite the record its own driver wrote. True: written."""
