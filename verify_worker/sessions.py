@@ -238,19 +238,22 @@ class VerifySession:
         self.parked = [block for block in parked if block is not child]
         return child
 
-    def answered(self, verdict: Verdict) -> None:
+    def answered(self, verdict: Verdict, *, behind_bridge: bool = False) -> None:
         """The block in hand is done and `verdict` says what it committed; a session that may bridges until
         the next block comes, and so does one whose draft prefills only now (after its opening), and one whose
         block was target-only rounds after its opening (its draft drafted nothing meanwhile: it hears the verdict
         over its link, and its next block, target-only rounds again or drafted from that verdict, crosses back;
-        bridging fills that wait, where the bridge keeps its output: greedy or unseeded)."""
+        bridging fills that wait, where the bridge keeps its output: greedy or unseeded). behind_bridge: the block
+        was answered at once, the bridge having gone past it or away from it (take_bridged): the bridge goes on,
+        for the next block is a whole trip and its drafting away, and every round bridged meanwhile is a token the
+        block, checked against it, could at best have matched."""
         plain = self.block is not None and not self.block.draft_ids
         opening = plain and self.block.round == 0
         self.last_block, self.last_verdict = self.block, verdict
         self.block = None
         self.num_bridged = 0
         self.last_verdict_at = time.monotonic()
-        after_plain = plain and (self.draft_after_opening or not opening) \
+        after_plain = (behind_bridge or plain and (self.draft_after_opening or not opening)) \
             and bridges(self.spec.sampling, self.spec.route)
         if (self.may_bridge or after_plain) and not verdict.finished and self.local is None:
             self.bridge_from = (self.round, self.target.num_committed)

@@ -308,7 +308,7 @@ class VerifyWorker:
             verdict = block_verdict(session, self.worker_id, self._word(self._load()))
             self.last_word = verdict.load_arm
             self.commits.publish([CommitItem.verdict_only(block, verdict)])
-            session.answered(verdict)
+            session.answered(verdict, behind_bridge=True)
 
     def _take_next(self, session: VerifySession, block: DraftBlock) -> None:
         """A block that goes on from the session's last verdict (a chained block renumbered by followed())."""

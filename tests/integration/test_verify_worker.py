@@ -317,6 +317,33 @@ def test_after_target_only_rounds_the_worker_decodes_on_until_the_next_block_and
 
 
 @pytest.mark.timeout(60)  # without a bridge, bridge() would wait for ever
+def test_a_drafted_block_answered_at_once_behind_the_bridge_leaves_the_bridge_going(client, worker):
+    """scheduler.bridge off: a drafted block that comes after the bridge went past it, or away from it, is answered
+    at once (bridging.py); the worker decodes on while that verdict and the next block cross the link (measured
+    behind 100 ms: it idled 320-430 ms there, the draft's first block of a request after its opening). A block that
+    goes on from the bridge is verified, and after its verdict the worker waits as after any drafted block."""
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True))
+    out = greedy(worker, 20)
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT), block_id=1).encode())
+    turn_until(worker, lambda: verdicts(client))
+    worker._admit([(block(1, len(PROMPT) + 1, num_rounds=3, block_id=2).encode(), False)])
+    turn_until(worker, lambda: len(verdicts(client)) == 2)
+    session = worker.sessions.get("r")
+    bridge(client, worker, 3)  # out[4:7]
+    # drafted from the last verdict, its second token not the target's: answered at once, and the bridge goes on
+    worker._admit([(block(4, len(PROMPT) + 4, [out[4], (out[5] + 1) % 96, out[6]], block_id=3).encode(), False)])
+    verdict = verdicts(client)[-1]
+    assert (verdict.block_id, verdict.num_bridged, verdict.num_accepted, verdict.committed_ids) == (3, 3, 1, out[4:7])
+    assert session.bridging
+    bridge(client, worker, 2)  # out[7:9]
+    worker._admit([(block(7, len(PROMPT) + 7, out[7:12], block_id=4).encode(), False)])  # from that verdict
+    turn_until(worker, lambda: len(verdicts(client)) == 4)
+    verdict = verdicts(client)[-1]
+    assert (verdict.num_bridged, verdict.num_accepted, verdict.committed_ids) == (2, 5, out[7:13])
+    assert output_tokens(client, "r") == out[:13] and not session.has_work  # no bridge after a verified block
+
+
+@pytest.mark.timeout(60)  # without a bridge, bridge() would wait for ever
 def test_a_plain_route_session_decodes_on_between_its_blocks_and_seeded_draws_stay_the_same(client, worker):
     """The plain route bridges whatever scheduler.bridge says (`worker` does not bridge the speculative route):
     its blocks are target-only rounds that a draft worker sends after each verdict, a trip over the draft link
