@@ -112,7 +112,7 @@ class DraftRuntime:
         costs = {}
         for pool in pools:
             curves = [beat.profile for beat in beats if beat.role == "verify" and beat.pool == pool and beat.profile]
-            keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_"))}
+            keys = {key for curve in curves for key in curve if key.startswith(("verify_ms_", "step_ms_", "plain_ms_"))}
             merged = {key: sum(curve[key] for curve in curves if key in curve) / sum(key in c for c in curves)
                       for key in keys}
             costs[pool] = CostModel.from_profile({**merged, **draft}, self.profile.get("draft_ms_per_token", 0.0)) \

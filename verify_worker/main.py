@@ -16,7 +16,7 @@ from services.models.loading import load_model
 from services.models.precision import lossless_warning
 from services.redis_conn import connect
 from services.engine.profile import cached_draft_profile, cached_verify_profile
-from services.engine.wide_steps import WIDE_MIN_TOKENS, cached_wide_steps, wide_min_tokens
+from services.engine.wide_steps import WIDE_MIN_TOKENS, cached_wide_steps, plain_step_costs, wide_min_tokens
 from services.models.drafters.serving import load_serving_draft
 from services.models.engine import TorchEngine
 from services.speculative.cost_model import CostModel
@@ -43,21 +43,22 @@ def _heartbeat_loop(worker: VerifyWorker, stop: threading.Event, interval_s: flo
         stop.wait(interval_s)
 
 
-def _plain_wide_min_tokens(settings: Settings, engine) -> int:
+def _plain_steps(settings: Settings, engine) -> tuple[int, dict[str, float]]:
     """The fewest tokens of a step on worker.wide_threads while no speculative session is held, from one-token
-    steps timed here at both thread counts (services/engine/wide_steps.py); WIDE_MIN_TOKENS without wide
+    steps timed here at both thread counts (services/engine/wide_steps.py), and what such target-only steps cost
+    ("plain_ms_<rows>", for remote drafts' cost models: their plain arm); WIDE_MIN_TOKENS and none without wide
     threads or with co-located drafting."""
     import torch
 
     wide = settings.worker.wide_threads
     if not wide or wide == torch.get_num_threads() or settings.worker.draft_placement == "local":
-        return WIDE_MIN_TOKENS
+        return WIDE_MIN_TOKENS, {}
     timings = cached_wide_steps(engine, settings.cache_dir if settings.worker.profile_cache else None,
                                 threads=torch.get_num_threads(), wide=wide, max_rows=settings.scheduler.max_batch_size)
     fewest = wide_min_tokens(timings)
     logger.info("plain steps of %d+ tokens run on %d threads (one-token steps, ms: %s)", fewest,
                 wide, timings or "not measured alone")
-    return fewest
+    return fewest, plain_step_costs(timings, fewest)
 
 
 def local_drafting(settings: Settings, target, verify_profile: dict) -> LocalDrafting:
@@ -90,6 +91,7 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
                                     max_rows=settings.scheduler.max_batch_size)
     logger.info("device profile: %s", profile)
     local = local_drafting(settings, target, profile) if settings.worker.draft_placement == "local" else None
+    plain_wide_min_tokens, plain_steps = _plain_steps(settings, engine)
     recorder = Recorder(session_factory(create_db_engine(settings.database_url))) if local is not None else None
     if recorder is not None:
         recorder.start()
@@ -102,11 +104,11 @@ def run_verify_worker(settings: Settings, worker_id: str | None = None) -> None:
         merging=settings.merging,
         device=settings.device,
         device_kind=settings.worker.device_kind,
-        profile={**profile, **(local.draft_profile if local is not None else {})},
+        profile={**profile, **plain_steps, **(local.draft_profile if local is not None else {})},
         local=local,
         recorder=recorder,
         wide_threads=settings.worker.wide_threads,
-        plain_wide_min_tokens=_plain_wide_min_tokens(settings, engine),
+        plain_wide_min_tokens=plain_wide_min_tokens,
         draft_after_opening=settings.speculative.draft_prefill == "after_opening",
         load_word=settings.worker.load_word,
     )

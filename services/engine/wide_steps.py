@@ -52,6 +52,16 @@ def wide_min_tokens(timings: dict[str, float], *, rows: tuple[int, ...] = WIDE_R
     return min(fewest, ceiling)
 
 
+def plain_step_costs(timings: dict[str, float], fewest: int, *, rows: tuple[int, ...] = WIDE_ROWS) -> dict[str, float]:
+    """What a target-only step of one-token rows costs here while no draft drafts ("plain_ms_<rows>", for the
+    cost model's plain arm: services/speculative/cost_model.py): the wide timing from `fewest` tokens on (those steps
+    run wide), the narrow one below; empty unless both were timed at every row count."""
+    if any(f"{label}_ms_{count}" not in timings for count in rows for label in ("narrow", "wide")):
+        return {}
+    return {f"plain_ms_{count}": timings[f"wide_ms_{count}" if count >= fewest else f"narrow_ms_{count}"]
+            for count in rows}
+
+
 def measure_wide_steps(engine: TargetEngine, *, threads: int, wide: int, context_tokens: int = 64,
                        repeats: int = 3, rows: tuple[int, ...] = WIDE_ROWS) -> tuple[dict[str, float], float]:
     """({"narrow_ms_<rows>": ..., "wide_ms_<rows>": ...}, the lower of the two thread counts' CPU shares):

@@ -115,6 +115,10 @@ class CostModel:
     # the draft keeps at its verify worker (> 1: a block accepted whole with the bonus guessed hides the link)
     link_ms: float = 0.0
     blocks_ahead: int = 1
+    # a target-only step where it runs on more threads than a drafted round's (one box: while no draft drafts, the
+    # verify worker takes the draft worker's idle core, worker.wide_threads): one-token rows -> ms, measured by the
+    # verify worker at start-up (services/engine/wide_steps.py); empty = the grid's, as on a verify host of its own
+    plain_ms: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if 1 not in self.verify_ms:
@@ -123,6 +127,8 @@ class CostModel:
         if any(n < 1 or ms <= 0 for curve in curves for n, ms in curve.items()) or any(r < 2 for r in self.step_ms):
             raise ValueError(f"step costs must be positive, for >= 1 token, and rows > 1: {self.verify_ms} "
                              f"{self.step_ms}")
+        if self.plain_ms and (1 not in self.plain_ms or any(r < 1 or ms <= 0 for r, ms in self.plain_ms.items())):
+            raise ValueError(f"plain step costs need one row's, and must be positive: {self.plain_ms}")
 
     @classmethod
     def from_profile(cls, profile: dict, draft_ms_per_token: float | None = None,
@@ -139,6 +145,8 @@ class CostModel:
                 rows, tokens = (int(part) for part in key.removeprefix("step_ms_").split("x"))
                 if rows > 1:
                     step.setdefault(rows, {})[tokens] = float(value)
+        plain = {int(key.removeprefix("plain_ms_")): float(value) for key, value in profile.items()
+                 if key.startswith("plain_ms_")}
         draft = draft_ms_per_token if draft_ms_per_token is not None else profile.get("draft_ms_per_token", 0.0)
         draft_steps = {int(key.removeprefix("draft_step_ms_")): float(value) for key, value in profile.items()
                        if key.startswith("draft_step_ms_") and int(key.removeprefix("draft_step_ms_")) > 1}
@@ -146,7 +154,7 @@ class CostModel:
         if draft and draft_steps:  # a batched draft step never costs less than one session's
             draft_steps = {sessions: max(ms, float(draft)) for sessions, ms in
                            nondecreasing({1: float(draft), **draft_steps}).items() if sessions > 1}
-        return cls(verify, float(draft), step, draft_steps, pipelined)
+        return cls(verify, float(draft), step, draft_steps, pipelined, plain_ms=plain if 1 in plain else {})
 
     def verify_cost(self, num_tokens: float) -> float:
         """One row of num_tokens: measured, else linear between the nearest measured lengths (flat past the
@@ -164,6 +172,17 @@ class CostModel:
         return _interpolate_rows({count: _interpolate(curve, tokens_per_row) for count, curve in curves.items()},
                                  rows)
 
+    def plain_cost(self, rows: float = 1) -> float:
+        """A target-only step of `rows` one-token rows: plain_ms where measured (linear between its row counts, and
+        past the largest in the grid's proportion), never more than the grid's."""
+        grid = self.step_cost(rows, 1)
+        if not self.plain_ms:
+            return grid
+        largest = max(self.plain_ms)
+        if rows <= largest:
+            return min(grid, _interpolate_rows(self.plain_ms, rows))
+        return min(grid, self.plain_ms[largest] * grid / self.step_cost(largest, 1))
+
     def draft_cost(self, sessions: float = 1) -> float:
         """Ms of one draft step when `sessions` sessions draft together on one draft worker: a session's
         block waits for the whole batched step (one llama_decode or packed forward for all of them)."""
@@ -171,23 +190,44 @@ class CostModel:
             return self.draft_ms_per_token
         return _interpolate_rows({1: self.draft_ms_per_token, **self.draft_step_ms}, sessions)
 
-    def round_ms(self, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
-        """One round of one session: its drafting (a step shared with draft_sessions sessions, default the
-        rows) plus the target step it shares with `rows` rows of gamma + 1, plus the round's overhead."""
+    def round_ms(self, gamma: int, rows: float = 1, draft_sessions: float | None = None,
+                 alpha: float | None = None) -> float:
+        """One round of one session: the drafting it waits for (a step shared with draft_sessions sessions, default
+        the rows) plus the target step it shares with `rows` rows of gamma + 1 (a target-only one: plain_cost),
+        plus the round's overhead. With `alpha`, a pipelined draft alone waits only for what its speculation did
+        not hide (drafting_ms)."""
+        if not gamma:
+            return self.plain_cost(rows) + self.round_overhead_ms
         sessions = rows if draft_sessions is None else draft_sessions
-        # Pipelined drafting also drafts a guess of the bonus token each round. Alone it overlaps the
-        # verification; when the draft worker serves several sessions its core is busy all the while, and
-        # every step it drafts is paid (measured: at 8 sessions, blocks of 2 predicted 1.04x plain decoding
-        # without the guess, and gave 0.89x).
-        drafted = gamma + (1 if gamma and sessions > 1 and self.pipelined else 0)
-        return drafted * self.draft_cost(sessions) + self.step_cost(rows, gamma + 1) + self.round_overhead_ms
+        return self.drafting_ms(gamma, sessions, alpha) + self.step_cost(rows, gamma + 1) + self.round_overhead_ms
+
+    def drafting_ms(self, gamma: int, sessions: float = 1, alpha: float | None = None) -> float:
+        """The drafting a round of gamma draft tokens waits for. Pipelined drafting drafts the next block (after a
+        guess of the bonus token) while this one is verified. When the draft worker serves several sessions its
+        core is busy all the while, and every step it drafts is paid, the guess too (measured: at 8 sessions,
+        blocks of 2 predicted 1.04x plain decoding without the guess, and gave 0.89x). Alone, with `alpha`: when
+        the block is accepted whole and the bonus guessed (about alpha^(gamma + 1)) the next block was drafted
+        during the verification and only what outlasted it is waited for; else it is drafted after the verdict
+        (measured on one box with the built-in pair: without this the model put the drafted round at 35-39 ms a
+        token at RTT 0, where it ran at 30-33)."""
+        step = self.draft_cost(sessions)
+        if not self.pipelined:
+            return gamma * step
+        if sessions > 1:
+            return (gamma + 1) * step
+        if alpha is None:
+            return gamma * step
+        hit = alpha ** (gamma + 1)
+        outlasting = max(0.0, (gamma + 1) * step - self.step_cost(1, gamma + 1))
+        return (1.0 - hit) * gamma * step + hit * outlasting
 
     def tokens_per_ms(self, alpha: float, gamma: int, rows: float = 1, draft_sessions: float | None = None) -> float:
         """Expected tokens per ms of one session whose step has `rows` rows like its own; drafting also pays
         the draft's prefill of every row's tokens (draft_prefill_ms_per_token)."""
         tokens = 1.0 + expected_accepted(alpha, gamma)
         prefill = rows * tokens * self.draft_prefill_ms_per_token if gamma else 0.0
-        return tokens / (self.round_ms(gamma, rows, draft_sessions) + prefill + self.exposed_link_ms(alpha, gamma))
+        return tokens / (self.round_ms(gamma, rows, draft_sessions, alpha) + prefill
+                         + self.exposed_link_ms(alpha, gamma))
 
     def exposed_link_ms(self, alpha: float, gamma: int) -> float:
         """The link a round of gamma drafted tokens waits for on average (0 for target-only rounds)."""

@@ -1,13 +1,16 @@
 """Block length by cost: the measured (uneven) verify curve decides, and the target alone competes."""
 
+import dataclasses
+
 import pytest
 
 from services.config import SpeculativeSettings
 from services.speculative.block_length import LOAD_PLAIN_ROUNDS, BlockLengthController, RecentRounds
 from services.speculative.cost_model import CostModel, alpha_from_rounds, best_block_length
 
-# the uneven CPU curve from the issue: 1 token 43 ms, 2 tokens 73, 3 tokens 91, 5 tokens 71, 9 tokens 80
-UNEVEN = CostModel({1: 43.0, 2: 73.0, 3: 91.0, 5: 71.0, 9: 80.0}, draft_ms_per_token=0.1)
+# the uneven CPU curve from the issue: 1 token 43 ms, 2 tokens 73, 3 tokens 91, 5 tokens 71, 9 tokens 80; drafted
+# one block after another (not pipelined), so that a round pays all its drafting, as the sums by hand below do
+UNEVEN = CostModel({1: 43.0, 2: 73.0, 3: 91.0, 5: 71.0, 9: 80.0}, draft_ms_per_token=0.1, pipelined=False)
 
 
 def test_verify_cost_is_measured_or_interpolated():
@@ -221,18 +224,19 @@ def test_a_rounds_overhead_makes_longer_blocks_pay():
         return (1 - a ** (gamma + 1)) / (1 - a) / (gamma * 10.0 + 30.0 + 5.0 * gamma + overhead)
 
     for overhead in (0.0, 60.0):
-        cost = CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=overhead)
+        cost = CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=overhead, pipelined=False)
         rates = {gamma: by_hand(gamma, overhead) for gamma in range(1, 9)}
         assert best_block_length(a, cost, range(1, 9))[0] == max(rates, key=rates.get)
         assert cost.round_ms(3) == pytest.approx(30.0 + 15.0 + 30.0 + overhead)
-    assert best_block_length(a, CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=60.0), range(1, 9))[0] > \
-        best_block_length(a, CostModel(curve, draft_ms_per_token=10.0), range(1, 9))[0]
+    assert best_block_length(a, CostModel(curve, draft_ms_per_token=10.0, round_overhead_ms=60.0, pipelined=False),
+                             range(1, 9))[0] > \
+        best_block_length(a, CostModel(curve, draft_ms_per_token=10.0, pipelined=False), range(1, 9))[0]
 
 
 def test_a_co_located_drafts_prompt_prefill_is_paid_by_every_row_of_the_step():
     """draft_prefill_ms_per_token: each drafted round's tokens carry the draft's prefill of the prompts it
     read, for every row of the step: a lone stream still drafts, 16 rows decode plain."""
-    base = dict(draft_ms_per_token=2.0, step_ms={16: {1: 160.0, 5: 200.0}})
+    base = dict(draft_ms_per_token=2.0, step_ms={16: {1: 160.0, 5: 200.0}}, pipelined=False)
     free, charged = CostModel({1: 30.0, 5: 40.0}, **base), CostModel({1: 30.0, 5: 40.0}, **base,
                                                                          draft_prefill_ms_per_token=10.0)
     tokens = 1 + 0.9 + 0.81 + 0.729 + 0.6561
@@ -241,3 +245,42 @@ def test_a_co_located_drafts_prompt_prefill_is_paid_by_every_row_of_the_step():
     assert best_block_length(0.9, charged, range(1, 5), 1)[0] > 0
     assert best_block_length(0.9, free, range(1, 5), 16)[0] > 0
     assert best_block_length(0.9, charged, range(1, 5), 16)[0] == 0
+
+
+def test_a_pipelined_draft_alone_waits_only_for_the_drafting_its_verification_did_not_hide():
+    """Alone, a pipelined draft drafts the next block (after its guess of the bonus token) while this one is
+    verified: accepted whole with the bonus guessed (alpha^(gamma + 1)) the round waits only for what outlasted the
+    verification; else for the whole block, drafted after the verdict. Sharing the draft worker, every step."""
+    cost = CostModel({1: 50.0, 3: 60.0, 5: 90.0}, draft_ms_per_token=20.0)
+    hit = 0.9 ** 3
+    assert cost.drafting_ms(2, 1, alpha=0.9) == pytest.approx((1 - hit) * 40.0 + hit * 0.0)  # 60 ms drafted in 60
+    hit = 0.9 ** 5
+    assert cost.drafting_ms(4, 1, alpha=0.9) == pytest.approx((1 - hit) * 80.0 + hit * (100.0 - 90.0))
+    assert cost.round_ms(2, alpha=0.9) == pytest.approx(cost.drafting_ms(2, 1, alpha=0.9) + 60.0)
+    assert cost.drafting_ms(2, 4, alpha=0.9) == 3 * 20.0  # four sessions on its core: the guess is paid too
+    assert cost.drafting_ms(2, 1) == 40.0  # no acceptance given: all of it
+    serial = dataclasses.replace(cost, pipelined=False)
+    assert serial.drafting_ms(2, 1, alpha=0.9) == 40.0
+    assert cost.tokens_per_ms(0.9, 2) > serial.tokens_per_ms(0.9, 2)
+
+
+def test_the_plain_arm_is_priced_at_what_target_only_steps_cost_where_they_run_wider():
+    """On one box a verify worker runs target-only steps on the draft worker's idle core too; its start-up timings
+    of those steps (plain_ms_<rows>) price the plain arm, never above the grid. Built-in pair, 2-core AMX Xeon:
+    one row 53 ms narrow, 31 ms wide; a draft at 19 ms a token (the profiles seen this session)."""
+    profile = {"verify_ms_1": 54.8, "verify_ms_2": 54.4, "verify_ms_3": 57.2, "verify_ms_4": 83.1,
+               "verify_ms_5": 86.9, "step_ms_8x1": 116.6, "step_ms_8x3": 128.9, "draft_ms_per_token": 19.2}
+    plain = {"plain_ms_1": 31.4, "plain_ms_2": 35.0, "plain_ms_4": 66.4, "plain_ms_8": 62.0}
+    narrow, wide = CostModel.from_profile(profile), CostModel.from_profile({**profile, **plain})
+    assert wide.plain_ms == {1: 31.4, 2: 35.0, 4: 66.4, 8: 62.0}
+    assert wide.plain_cost(1) == 31.4 and wide.plain_cost(3) == pytest.approx((35.0 + 66.4) / 2)
+    assert wide.plain_cost(16) == pytest.approx(min(wide.step_cost(16, 1), 62.0 * wide.step_cost(16, 1) / 116.6))
+    assert narrow.plain_cost(1) == 54.4 and narrow.round_ms(0) == 54.4  # the grid (cleaned: 2 tokens cost 54.4)
+    assert wide.round_ms(0) == 31.4 and wide.round_ms(2, alpha=0.9) == narrow.round_ms(2, alpha=0.9)
+    # the drafted arm is unchanged; against the wider plain steps drafting pays less, and a slow link sooner loses
+    assert best_block_length(0.9, wide, range(1, 5))[1] < best_block_length(0.9, narrow, range(1, 5))[1]
+    linked = dataclasses.replace(wide, link_ms=100.0, blocks_ahead=2)
+    assert best_block_length(0.9, linked, range(1, 5))[0] == 0
+    assert best_block_length(0.9, dataclasses.replace(narrow, link_ms=100.0, blocks_ahead=2), range(1, 5))[0] > 0
+    with pytest.raises(ValueError, match="one row"):
+        CostModel({1: 50.0}, plain_ms={2: 30.0})

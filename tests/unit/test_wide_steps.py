@@ -28,3 +28,14 @@ def test_no_timings_or_a_missing_one_keeps_the_default():
     assert wide_min_tokens(timings({1: 50.0, 2: 60.0, 4: 70.0}, {1: 30.0, 2: 40.0, 4: 50.0, 8: 60.0})) \
         == WIDE_MIN_TOKENS
     assert wide_min_tokens(timings({1: 50.0}, {1: 30.0}), rows=(1,), ceiling=8) == 1
+
+
+def test_target_only_steps_are_priced_at_the_thread_count_they_run_on():
+    """The cost model's plain arm (plain_ms_<rows>): the wide timing where such steps run wide, narrow below."""
+    from services.engine.wide_steps import plain_step_costs
+
+    timed = timings({1: 56.5, 2: 81.0, 4: 97.8, 8: 124.7}, {1: 60.0, 2: 82.0, 4: 57.0, 8: 73.0})
+    assert plain_step_costs(timed, wide_min_tokens(timed)) == {"plain_ms_1": 56.5, "plain_ms_2": 81.0,
+                                                              "plain_ms_4": 57.0, "plain_ms_8": 73.0}
+    assert plain_step_costs(timed, WIDE_MIN_TOKENS)["plain_ms_8"] == 124.7  # nothing runs wide: all narrow
+    assert plain_step_costs({}, 1) == {} and plain_step_costs({"narrow_ms_1": 50.0}, 1, rows=(1,)) == {}
