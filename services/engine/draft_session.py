@@ -37,6 +37,7 @@ from services.models.drafters.base import DraftProposal, Drafter, block_probs, p
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
+from services.speculative.bridging import bridge_lead
 from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
 from services.speculative.stats import SpecDecodingStats, percentile
@@ -58,7 +59,7 @@ class SessionSummary:
     resumed_from_round: int
     timing: DraftTiming = field(default_factory=DraftTiming)
     round_trip_ms: list[float] = field(default_factory=list)  # block sent -> verdict seen, per drafted round
-    plain_reason: str | None = None  # why it last went target-only for a while (BlockLengthController)
+    plain_reason: str | None = None  # why it went target-only for a while (DraftSession.plain_reason)
 
     def to_dict(self) -> dict:
         return {
@@ -158,6 +159,8 @@ class DraftSession:
         self._ready_ids: list[int] = []
         self._ready_probs: torch.Tensor | None = None
         self._bridged_hint = 0  # rounds the verify worker bridged before the last block drafted from a verdict
+        self._lead = 0  # rounds the next block also drafts for its bridge to have run (after a catch-up read)
+        self._plain_for_load = False  # it sent target-only rounds for the load (the verify worker's word, its grid)
         # its opening's verdict came with no block ready: its verify worker may decode it on its own until the next
         # block comes (draft_prefill "after_opening"), and catch_up() can take those rounds before drafting it
         self.catching_up = False
@@ -183,7 +186,7 @@ class DraftSession:
         if gamma is None:
             gamma = self.controller.num_draft_tokens
             if gamma > 0 and not self._ready_ids:
-                gamma += min(self._bridged_hint, gamma)
+                gamma += max(min(self._bridged_hint, gamma), self._lead)
         remaining = self.spec.max_new_tokens - (self.num_output if num_output is None else num_output)
         return within_limits(gamma, remaining, self.gamma_cap, self.spec.max_draft_tokens)
 
@@ -227,6 +230,7 @@ class DraftSession:
         self.timing.draft_s += draft_s
         self.catching_up = False
         length = self._block_length()
+        self._lead = 0
         ready_ids, ready_probs = self._ready_ids, self._ready_probs
         self._ready_ids, self._ready_probs = [], None
         if self._plain_opening:
@@ -234,6 +238,8 @@ class DraftSession:
             self._opening_block = self._make_block([], None, 1)
             return self._opening_block
         if length <= 0:
+            if self.drafter is not None and not self.controller.fallen_back and self.controller.num_draft_tokens == 0:
+                self._plain_for_load = True
             if self.controller.fallen_back and self.controller.fallback_reason == "link" and not self._said_plain:
                 self._said_plain = True
                 logger.info("request %s: its draft link makes drafting lose (%.0f ms a round not verified "
@@ -439,6 +445,11 @@ class DraftSession:
             self.stats = event.stats
             taken += 1
         self.timing.caught_up_rounds += taken
+        cost = self.controller.cost
+        if cost is not None and self.drafter is not None:  # the bridge goes on while this block is on its way
+            lead = bridge_lead(cost.link_ms, self.controller.num_draft_tokens, cost.draft_cost(),
+                               cost.verify_cost(1) + cost.round_overhead_ms)
+            self._lead = min(lead, self.controller.config.max_draft_tokens)
         return taken
 
     def _follow_chain(self, flight: InFlight, verdict: Verdict, speculation) -> bool:
@@ -479,7 +490,14 @@ class DraftSession:
     def summary(self) -> SessionSummary:
         return SessionSummary(self.request_id, self.finish_reason or "length", self.num_output, self.round,
                               self.stats, self.transport_ms, self.first_token_at, self.resumed_from_round,
-                              self.timing, self.round_trip_ms, self.controller.fallback_reason)
+                              self.timing, self.round_trip_ms, self.plain_reason)
+
+    @property
+    def plain_reason(self) -> str | None:
+        """Why it went target-only for a while: its controller's fallback ("acceptance", "cost", "link"), else
+        "load" when it sent target-only rounds for the load (the verify worker's word "plain", or its step grid
+        at that load), else None."""
+        return self.controller.fallback_reason or ("load" if self._plain_for_load else None)
 
     def release_block(self) -> DraftBlock:
         """Tells the verify side to free the session's KV cache (cancellation, failure)."""

@@ -30,6 +30,7 @@ sampling draws the same tokens too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -54,6 +55,18 @@ def fast_forward(draft_ids: Sequence[int], bridged_ids: Sequence[int]) -> FastFo
         return FastForward(matched, matched, len(draft_ids) - matched)
     checked = min(len(draft_ids), matched + 1, len(bridged_ids))
     return FastForward(checked, matched, 0)
+
+
+def bridge_lead(link_ms: float, gamma: int, draft_ms: float, bridge_ms: float) -> int:
+    """Rounds a bridge runs on past the point a block is drafted from, when the draft read that point from the
+    stream just now (its catch-up after prefilling): the round in progress, and one a bridged step while the
+    read's answer crosses back, the block of gamma + lead tokens is drafted and crosses there (the link, both
+    ways). Drafting those rounds too lets the block go on from the bridge instead of falling behind it (answered
+    at once, and drafted again a whole trip later). 0 where a draft token costs a bridged step or more: no block
+    could catch up."""
+    if draft_ms >= bridge_ms:
+        return 0
+    return math.ceil((max(0.0, link_ms) + gamma * draft_ms + bridge_ms) / (bridge_ms - draft_ms))
 
 
 def bridges(sampling: SamplingParams, route: str, *, enabled: bool = True) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.speculative.bridging import FastForward, bridges, fast_forward
+from services.speculative.bridging import FastForward, bridge_lead, bridges, fast_forward
 from services.speculative.params import SamplingParams
 from services.speculative.stats import SpecDecodingStats
 
@@ -89,3 +89,40 @@ def test_a_draft_does_not_catch_up_over_a_gap_or_with_a_block_out():
     assert session.round == 1 and session.committed == [1, 2, 3, 10]
     session.sent(session.next_block(), b"", None)
     assert session.catch_up([_event(1, 11)]) == 0 and session.round == 1
+
+
+def test_a_bridge_lead_covers_the_rounds_bridged_while_a_block_drafted_from_a_read_point_crosses():
+    """By hand, the built-in pair on one box (a bridged step 54 ms, a draft token 19 ms, blocks of 2): over no link
+    the round in progress and the drafting come to 3 rounds; behind 100 ms (118 ms measured both ways) to 6."""
+    assert bridge_lead(3.0, 2, 19.0, 54.0) == 3  # (3 + 38 + 54) / 35 = 2.7
+    assert bridge_lead(118.0, 2, 19.0, 54.0) == 6  # (118 + 38 + 54) / 35 = 6.0
+    assert bridge_lead(0.0, 0, 10.0, 50.0) == 2  # the round in progress: 50 / 40
+    assert bridge_lead(3.0, 2, 60.0, 54.0) == 0  # a draft slower than the bridge could never catch up
+
+
+def test_the_first_block_after_a_catch_up_drafts_the_rounds_its_bridge_runs_meanwhile_and_the_next_does_not():
+    """Measured at RTT 0 on one box: a first block of one token, drafted from the point its catch-up read, came when
+    the bridge was 2 rounds past it, and was answered at once."""
+    from services.config import SpeculativeSettings
+    from services.engine.draft_session import DraftSession
+    from services.models.drafters.ngram import NgramDrafter
+    from services.protocol import SessionSpec, Verdict
+    from services.speculative.cost_model import CostModel
+
+    cost = CostModel({1: 54.0, 3: 57.0, 9: 115.0}, draft_ms_per_token=19.0, link_ms=3.0, blocks_ahead=2)
+    spec = SessionSpec(request_id="r", prompt_ids=[1, 2, 3] * 4, max_new_tokens=64, opened=True)
+    session = DraftSession(spec, [], drafter=NgramDrafter(), speculative=SpeculativeSettings(prior_acceptance=0.9),
+                           cost=cost, reply_to="inbox", pipelined=True)
+    session.on_verdict(Verdict(request_id="r", round=0, num_committed=13, num_draft_tokens=0, num_accepted=0,
+                               committed_ids=[1], num_rounds=1, worker_id="v",
+                               block_id=session.in_flight.block.block_id))
+    gamma = session.controller.num_draft_tokens
+    assert gamma > 0 and session.draft_call().num_draft_tokens == gamma  # no catch-up read yet: no lead
+    assert session.catch_up([_event(1, 2), _event(0, 1)]) == 1
+    lead = bridge_lead(3.0, gamma, 19.0, 54.0)
+    assert session.draft_call().num_draft_tokens == gamma + lead
+    block = session.next_block()  # the ngram drafter proposed nothing: one target-only round, and the lead is spent
+    session.sent(block, b"", None)
+    session.on_verdict(Verdict(request_id="r", round=2, num_committed=15, num_draft_tokens=0, num_accepted=0,
+                               committed_ids=[3], num_rounds=1, worker_id="v", block_id=block.block_id))
+    assert session.draft_call().num_draft_tokens == gamma

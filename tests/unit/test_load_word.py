@@ -150,6 +150,7 @@ def test_a_draft_session_hears_the_word_in_its_verdict_and_sends_target_only_rou
                                num_accepted=0, committed_ids=[1, 2, 3] * 5 + [1], num_rounds=WORD_PLAIN_ROUNDS,
                                worker_id="verify-w"))
     assert session.draft_call() is not None  # the word is "" again: the draft decides, and drafts
+    assert session.summary().plain_reason == "load"  # and its record says why it ran target-only rounds
 
 
 def test_a_seeded_sampled_session_ignores_the_word_where_its_rounds_fall_decides_its_tokens():
