@@ -291,10 +291,11 @@ def cached_draft_profile(source: DraftSource, vocab_size: int, cache_dir: Path |
 
 def measure_cost_model(target: LoadedModel, source: DraftSource, cache_dir: Path | None = None) -> CostModel:
     """The in-process cost model (batch 1): this target's verify curve (cached in cache_dir when given) and
-    this draft's per-token cost (a synthetic draft's: the one it was given)."""
+    this draft's per-token cost (a synthetic draft's: the one it was given). In one process a round drafts,
+    then verifies: nothing overlaps (not pipelined)."""
     verify = cached_verify_profile(TorchEngine(target), cache_dir, max_rows=1)
     draft = cached_draft_profile(source, target.vocab_size, cache_dir).get("draft_ms_per_token", 0.0)
-    return CostModel.from_profile(verify, draft)
+    return CostModel.from_profile(verify, draft, pipelined=False)
 
 
 @contextmanager

@@ -238,3 +238,14 @@ def test_an_int8_target_speculating_decodes_what_it_decodes_alone(seed):
         session = run(target, drafter, prompt, gamma=gamma, fixed_gamma=True)
         assert session.output_ids == expected, f"seed {seed} gamma {gamma}"
         assert session.stats.num_accepted_tokens > 0
+
+
+def test_the_in_process_cost_model_drafts_then_verifies(tiny_target, tmp_path):
+    """In one process a round drafts, then verifies: the model charges every draft step (no pipelined overlap,
+    which a remote draft worker's model counts on)."""
+    from services.engine.profile import measure_cost_model
+    from services.models.drafters import load_draft_source
+
+    cost = measure_cost_model(tiny_target, load_draft_source("synthetic:0.9@8ms", tiny_target), tmp_path)
+    assert not cost.pipelined and not cost.plain_ms
+    assert cost.draft_cost() == 8.0 and cost.drafting_ms(3, 1, alpha=0.9) == 3 * 8.0
