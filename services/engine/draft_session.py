@@ -445,11 +445,14 @@ class DraftSession:
             self.stats = event.stats
             taken += 1
         self.timing.caught_up_rounds += taken
-        cost = self.controller.cost
+        cost, controller = self.controller.cost, self.controller
         if cost is not None and self.drafter is not None:  # the bridge goes on while this block is on its way
-            lead = bridge_lead(cost.link_ms, self.controller.num_draft_tokens, cost.draft_cost(),
-                               cost.verify_cost(1) + cost.round_overhead_ms)
-            self._lead = min(lead, self.controller.config.max_draft_tokens)
+            # at the load it meets: its draft worker's batched step of all its sessions, a bridged round a row of
+            # the step of that many rows (a draft step dearer than a bridged one: no lead)
+            draft_ms = cost.draft_cost(controller.draft_sessions or 1)
+            lead = bridge_lead(cost.link_ms, controller.num_draft_tokens, draft_ms,
+                               cost.step_cost(controller.load, 1) + cost.round_overhead_ms)
+            self._lead = min(lead, controller.config.max_draft_tokens)
         return taken
 
     def _follow_chain(self, flight: InFlight, verdict: Verdict, speculation) -> bool:

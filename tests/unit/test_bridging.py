@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.speculative.bridging import FastForward, bridge_lead, bridges, fast_forward
@@ -126,3 +128,13 @@ def test_the_first_block_after_a_catch_up_drafts_the_rounds_its_bridge_runs_mean
     session.on_verdict(Verdict(request_id="r", round=2, num_committed=15, num_draft_tokens=0, num_accepted=0,
                                committed_ids=[3], num_rounds=1, worker_id="v", block_id=block.block_id))
     assert session.draft_call().num_draft_tokens == gamma
+    # sixteen sessions on its draft worker: a batched draft step (144 ms) dearer than a bridged round of the 16-row
+    # step (121 ms, the profile of this box): no lead
+    loaded = DraftSession(spec, [], drafter=NgramDrafter(), speculative=SpeculativeSettings(prior_acceptance=0.99),
+                          cost=dataclasses.replace(cost, draft_step_ms={16: 144.0}, step_ms={16: {1: 121.0, 3: 170.0}}),
+                          reply_to="inbox", pipelined=True, draft_sessions=16)
+    loaded.on_verdict(Verdict(request_id="r", round=0, num_committed=13, num_draft_tokens=0, num_accepted=0,
+                              committed_ids=[1], num_rounds=1, worker_id="v", block_id=loaded.in_flight.block.block_id),
+                      draft_sessions=16)
+    loaded.catch_up([_event(1, 2), _event(0, 1)])
+    assert loaded._lead == 0
