@@ -271,7 +271,7 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
         _record(
             runtime,
             request_id,
-            status="cancelled" if summary.finish_reason == "cancelled" else "finished",
+            status=crud.ended_status(summary.finish_reason),
             finish_reason=summary.finish_reason,
             completion_tokens=output_tokens,
             **summary.stats.row_counters(),

@@ -34,7 +34,7 @@ class Recorder(threading.Thread):
         """num_output_tokens: the output the stream carries (the client's `completion_tokens`: no EOS, nothing
         committed past a stop), not the tokens the target committed."""
         summary = session.summary()
-        status = "failed" if error else ("cancelled" if summary.finish_reason == "cancelled" else "finished")
+        status = "failed" if error else crud.ended_status(summary.finish_reason)
         self._queue.put((session.request_id, {
             "status": status, "finish_reason": "error" if error else summary.finish_reason, "error": error,
             "completion_tokens": num_output_tokens, **summary.stats.row_counters(),
