@@ -13,12 +13,12 @@ WORD_PLAIN_ROUNDS target-only rounds; "" leaves the block to the draft's own cos
 plain). An arm is held at a load bucket (the sessions held) for a hold: it starts once a step saw every remote
 speculative session in the arm (each hears the word at its own next verdict), and measures the committed tokens
 per second of the HOLD_STEPS steps after that (all of them: sessions arriving and ending, drafts deciding on
-their own, are how the arm runs; the SETTLE_STEPS first and steps that prefilled a prompt left out; steps
-holding no remote speculative session, the plain route's alone, are neither arm's and do not count). Per-step
-figures of pure steps only were tried first: at 4 streams they measured drafting at 61 tok/s and plain at 45,
-while the routes ran at 37 and 56 (the slow parts of drafting under churn are the mixed steps). Drafting is
-measured first, then plain; then the faster is held and the other tried now and then (MeasuredTurns' trials,
-counted in holds), so a change of prompts or machine is seen.
+their own, are how the arm runs; the SETTLE_STEPS first, steps that prefilled a prompt and steps during a session's
+start, before its first block after the opening, left out; steps holding no remote speculative session, the plain
+route's alone, are neither arm's and do not count). Per-step figures of pure steps only were tried first: at 4
+streams they measured drafting at 61 tok/s and plain at 45, while the routes ran at 37 and 56 (the slow parts of
+drafting under churn are the mixed steps). Drafting is measured first, then plain; then the faster is held and
+the other tried now and then (MeasuredTurns' trials, counted in holds), so a change of prompts or machine is seen.
 """
 
 from __future__ import annotations
@@ -87,20 +87,29 @@ class LoadWord:
             hold = self.held[bucket] = Hold(self.turns.choose(load, DRAFT))
         return hold.arm
 
-    def stepped(self, load: int, seen: str | None, tokens: int | None, ended_at: float) -> None:
+    def stepped(self, load: int, seen: str | None, tokens: int | None, ended_at: float, *,
+                starting: bool = False) -> None:
         """A step at `load` ended at `ended_at` (monotonic seconds), committing `tokens` (None: it prefilled a
         prompt too: not measured); `seen`: the arm its remote speculative sessions were in (DRAFT: every one
         drafting, PLAIN: none, MIXED: some of each, None: none held). A step with no remote speculative session
-        (the plain route's alone) says nothing of either arm: it neither counts in a hold nor is measured."""
+        (the plain route's alone) says nothing of either arm: it neither counts in a hold nor is measured.
+        starting: a remote session in it has not had a block after its opening yet (its draft is still hearing of
+        the request, prefilling, catching up): such a step may start a hold, and is then neither counted nor
+        measured. A start is paid once a request, by either arm (drafting pays its draft's prefill, a bridge on
+        one core beside it), and a short request is all start: steps of 8-token requests held drafting at one
+        stream to target-only rounds where drafting ran 1.2x faster."""
         last_end, self._last_end = self._last_end, ended_at
         hold = self.held.get(load_bucket(load))
         if hold is None or seen is None:
             return
-        hold.steps += 1
         if not hold.started:
+            hold.steps += 1
             if seen == hold.arm:
                 hold.started, hold.steps = True, 0
             return
+        if starting:
+            return
+        hold.steps += 1
         if hold.steps > SETTLE_STEPS and tokens is not None and last_end is not None \
                 and 0 < ended_at - last_end <= MAX_GAP_S:
             hold.tokens += tokens

@@ -58,6 +58,9 @@ class VerifySession:
     # seconds from a verdict to the next block's arrival, smoothed, after a block accepted whole (its chained
     # successor is likely on its way) and after any other verdict (the draft drafts again from it)
     gaps: dict[bool, float] = field(default_factory=dict)
+    # it has taken a block after its opening (a resumed one: its block): its draft's start (hearing of the request,
+    # prefilling, catching up on the opening's bridge) is behind it; the load word measures no step before that
+    opened: bool = False
 
     @property
     def request_id(self) -> str:
@@ -150,6 +153,7 @@ class VerifySession:
     def _hold(self, block: DraftBlock, first_round_done: bool, base_stats: SpecDecodingStats | None,
               num_bridged: int) -> None:
         self.block = block
+        self.opened = self.opened or block.round > 0
         self.bridge_from = None
         self.num_bridged = num_bridged
         self.first_round_done = first_round_done

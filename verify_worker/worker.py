@@ -450,7 +450,8 @@ class VerifyWorker:
         self._committed = sum(len(result.committed) for result in results if result is not None) \
             if all(streaming) else None
         if self.load_word is not None:
-            self.load_word.stepped(load, remote_arm(busy), self._committed, time.monotonic())
+            self.load_word.stepped(load, remote_arm(busy), self._committed, time.monotonic(),
+                                   starting=any(not session.opened for session in self._drafted_remotely()))
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
                                  streaming_rows=sum(streaming), wide=wide,
                                  streamed=sum(len(result.committed) for result, running in zip(results, streaming)

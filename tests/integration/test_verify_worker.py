@@ -604,6 +604,22 @@ def test_a_worker_whose_target_only_rounds_commit_faster_tells_its_draft_so_and_
     assert committed == greedy(worker, len(committed))
 
 
+def test_the_word_measures_no_step_of_a_sessions_start(client, bridging):
+    """verify_worker/load_word.py: the bridge after an opening runs while the draft prefills and catches up, and
+    its steps count in neither arm; the steps after the first block past the opening do."""
+    submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=40, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
+    turn_until(bridging, lambda: len(read_events(client, "r")) >= 8)  # the opening, then its bridge
+    session, hold = bridging.sessions.get("r"), bridging.load_word.held[1]
+    assert session.bridging and not session.opened
+    assert hold.started and (hold.steps, hold.tokens) == (0, 0)
+    events = read_events(client, "r")
+    committed = len(PROMPT) + events[-1].num_output_tokens
+    client.rpush(verify_pool_queue("cpu"), block(len(events), committed, [3, 4]).encode())
+    turn_until(bridging, lambda: len(read_events(client, "r")) >= len(events) + 6)
+    assert session.opened and hold.steps >= 5
+
+
 def test_a_session_told_plain_and_an_opening_under_the_word_plain_leave_small_steps_every_core(client, wide):
     """A draft that heard "plain" in its verdict sends target-only rounds next and drafts nothing meanwhile, and a
     new session's draft heard the word too (its draft worker's last verdict): under that word neither keeps the

@@ -5,7 +5,7 @@ from services.config import SpeculativeSettings
 from services.protocol import SessionSpec, Verdict
 from services.speculative.block_length import WORD_PLAIN_ROUNDS, BlockLengthController
 from services.speculative.measured_turns import DRAFT, PLAIN, load_bucket
-from verify_worker.load_word import MAX_GAP_S, MAX_SWITCH_STEPS, MIXED, SETTLE_STEPS, LoadWord, remote_arm
+from verify_worker.load_word import HOLD_STEPS, MAX_GAP_S, MAX_SWITCH_STEPS, MIXED, SETTLE_STEPS, LoadWord, remote_arm
 
 
 def run(word: LoadWord, load: int, tokens_per_step: int, step_s: float, clock: list[float],
@@ -99,6 +99,27 @@ def test_steps_without_a_remote_speculative_session_measure_no_arm():
     for _ in range(2 * MAX_SWITCH_STEPS):  # no speculative session at all: the hold waits for one
         waiting.stepped(1, None, 1, 1.0)
     assert not waiting.held[1].over and waiting.held[1].steps == 0
+
+
+def test_a_sessions_start_neither_counts_in_a_hold_nor_is_measured():
+    """Steps while a remote session has had no block after its opening (its draft hears of the request, prefills,
+    catches up): a short request is all start, and its one-core bridge used to be measured as the drafting arm."""
+    word, clock = LoadWord(), [0.0]
+    assert word.word(1) == ""
+    hold = word.held[1]
+    clock[0] += 0.05
+    word.stepped(1, DRAFT, 1, clock[0], starting=True)  # every session in the arm: the hold starts
+    assert hold.started and hold.steps == 0
+    for _ in range(3 * HOLD_STEPS):  # requests of a few tokens, all start: 20 tok/s
+        clock[0] += 0.05
+        word.stepped(1, DRAFT, 1, clock[0], starting=True)
+    assert (hold.steps, hold.tokens, hold.over) == (0, 0, False) and word.word(1) == ""
+    for _ in range(SETTLE_STEPS + HOLD_STEPS):  # then a request past its start: 3 tokens a step, 50 tok/s
+        clock[0] += 0.06
+        word.stepped(1, DRAFT, 3, clock[0])
+    assert hold.over and (hold.tokens, round(hold.seconds, 6)) == (3 * HOLD_STEPS, round(0.06 * HOLD_STEPS, 6))
+    assert word.word(1) == "plain"  # the plain arm's turn: measured as drafting's was
+    assert word.to_dict()["1"]["draft"] == 50.0
 
 
 def test_where_drafting_is_faster_the_word_leaves_the_block_to_the_draft():
