@@ -116,6 +116,7 @@ class SessionDriver(threading.Thread):
         self.blocks_ahead_setting = blocks_ahead  # WorkerSettings.blocks_ahead: 0 = from the link
         self.prefill_after_opening = prefill_after_opening  # SpeculativeSettings.draft_prefill == "after_opening"
         self._verify_ms: float | None = None  # smoothed verify time of the rounds (for the depth)
+        self._draft_step_ms: float | None = None  # smoothed wall time of one batched draft step (the same)
         self.committer = RoundCommitter(client)
         self._handles: dict[str, SessionHandle] = {}
         self._incoming: list[SessionHandle] = []
@@ -225,7 +226,15 @@ class SessionDriver(threading.Thread):
     @property
     def blocks_ahead(self) -> int:
         """Blocks each session may keep out (services/speculative/chaining.py)."""
-        return blocks_ahead(self.blocks_ahead_setting, self.meter.redis_rtt_ms, self._verify_ms)
+        return blocks_ahead(self.blocks_ahead_setting, self.meter.redis_rtt_ms, self._verify_ms, self._drafting_ms())
+
+    def _drafting_ms(self) -> float | None:
+        """The wall time of drafting a block and its bonus guess: the longest block the sessions ask for next, plus
+        one, at the batched draft step the driver last timed (None before it timed one)."""
+        if self._draft_step_ms is None:
+            return None
+        longest = max((handle.session.controller.num_draft_tokens for handle in self._handles.values()), default=0)
+        return self._draft_step_ms * (longest + 1)
 
     def _chained_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
         """Speculated blocks ready to go ahead of their parents' verdicts."""
@@ -267,6 +276,9 @@ class SessionDriver(threading.Thread):
                 drafted = [self._draft_alone(handle, call) for handle, call in wanted]
             elapsed = time.perf_counter() - started
             total = sum(len(proposal.token_ids) for proposal in drafted if proposal is not None) or 1
+            longest = max((len(proposal.token_ids) for proposal in drafted if proposal is not None), default=0)
+            if longest:  # a block waits for the whole batched call, one step a token
+                self._draft_step_ms = smoothed(self._draft_step_ms, 1000 * elapsed / longest)
             for (handle, _), proposal in zip(wanted, drafted):  # the batch's time, shared by tokens drafted
                 if proposal is not None:
                     proposals[id(handle)] = (proposal, elapsed * len(proposal.token_ids) / total)
@@ -412,7 +424,8 @@ class SessionDriver(threading.Thread):
         until any verdict arrives."""
         states = warm_up(self._speculations())
         if states:
-            speculate_many(states, self.listener.pending)  # a look at what arrived: no round trip, no throttle
+            for step_s in speculate_many(states, self.listener.pending):  # a look at what arrived: no round trip
+                self._draft_step_ms = smoothed(self._draft_step_ms, 1000 * step_s)
 
     # --- control path ---------------------------------------------------------------------------
     def _apply_look(self, handles: list[SessionHandle], flags: list) -> None:

@@ -130,18 +130,21 @@ def prefill(items: Sequence[tuple[Drafter, Sequence[int]]]) -> None:
             engine.prefill_many(group, missing)
 
 
-def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> None:
+def speculate_many(states: list[SpeculationState], verdict_ready: Callable[[], bool] = lambda: False) -> list[float]:
     """Advance every state, one batched draft call per step (services/models/drafters/batched.py), until all
     are done or verdict_ready() says a verdict waits: speculation holds up the critical path by one step
-    at most."""
+    at most. Returns the seconds each step took (one batched call: what a block of all of them waits a token)."""
     active = [state for state in states if not state.done]
+    steps = []
     while active and not verdict_ready():
         started = time.perf_counter()
         proposals = propose_many([state.next_call() for state in active])
-        share = (time.perf_counter() - started) / len(active)
+        steps.append(time.perf_counter() - started)
+        share = steps[-1] / len(active)
         for state, proposal in zip(active, proposals):
             state.add(proposal, share)
         active = [state for state in active if not state.done]
+    return steps
 
 
 def speculate(

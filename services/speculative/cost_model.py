@@ -19,7 +19,8 @@ A remote draft also pays its link: a drafted round waits for its verdict to
 cross to the draft worker and its next block to cross back (the measured
 transport), except when that block was verified ahead (blocks_ahead > 1,
 services/speculative/chaining.py), which needs the whole block and the
-draft's guess of the bonus token right: about alpha^(gamma + 1). Target-only
+draft's guess of the bonus token right: about alpha^(gamma + 1), and enough
+blocks ahead to cover the trip and the drafting. Target-only
 rounds run on the verify worker alone and pay no link, so a slow enough link
 makes gamma 0 win, and shorter blocks, which hold their chain more often,
 win sooner than over no link.
@@ -227,14 +228,25 @@ class CostModel:
         tokens = 1.0 + expected_accepted(alpha, gamma)
         prefill = rows * tokens * self.draft_prefill_ms_per_token if gamma else 0.0
         return tokens / (self.round_ms(gamma, rows, draft_sessions, alpha) + prefill
-                         + self.exposed_link_ms(alpha, gamma))
+                         + self.exposed_link_ms(alpha, gamma, rows, draft_sessions))
 
-    def exposed_link_ms(self, alpha: float, gamma: int) -> float:
-        """The link a round of gamma drafted tokens waits for on average (0 for target-only rounds)."""
+    def exposed_link_ms(self, alpha: float, gamma: int, rows: float = 1,
+                        draft_sessions: float | None = None) -> float:
+        """The link a round of gamma drafted tokens waits for on average (0 for target-only rounds): all of it
+        when the chain breaks; when it holds (about alpha^(gamma + 1)), what `blocks_ahead` blocks do not cover.
+        A block goes out once the verdict of the one blocks_ahead before it is heard, so blocks come no faster
+        than one per (link + drafting a block and its bonus guess + verifying it) / blocks_ahead
+        (services/speculative/chaining.py), however fast a round that finds its block waiting runs."""
         if not gamma or self.link_ms <= 0:
             return 0.0
-        hidden = alpha ** (gamma + 1) if self.blocks_ahead > 1 else 0.0
-        return self.link_ms * (1.0 - hidden)
+        if self.blocks_ahead <= 1:
+            return self.link_ms
+        hidden = alpha ** (gamma + 1)
+        sessions = rows if draft_sessions is None else draft_sessions
+        verify = self.step_cost(rows, gamma + 1) + self.round_overhead_ms
+        cycle = (self.link_ms + (gamma + 1) * self.draft_cost(sessions) + verify) / self.blocks_ahead
+        uncovered = max(0.0, cycle - verify - self.drafting_ms(gamma, sessions, 1.0))
+        return self.link_ms * (1.0 - hidden) + hidden * uncovered
 
 
 def cost_curve_bound(alpha: float, gamma: float, cost: "CostModel") -> float:

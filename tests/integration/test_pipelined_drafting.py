@@ -103,10 +103,13 @@ def test_a_draft_that_is_always_right_has_its_rounds_verified_ahead(fleet, targe
     of the bonus token is right, so each chained block is taken at once and most rounds are verified ahead."""
     source = DraftSource("tiny-self", target)
     with behind_link(fleet, 60) as linked:
-        tokens, summary, _ = drive(fleet, source, pipelined=True, request_id="ahead-exact", max_new_tokens=48,
-                                   blocks_ahead=2, draft_client=linked)
+        tokens, summary, runtime = drive(fleet, source, pipelined=True, request_id="ahead-exact",
+                                         max_new_tokens=48, blocks_ahead=2, draft_client=linked)
     assert tokens == reference(target, PROMPT, 48)
     assert summary.timing.chained_rounds > 0 and summary.timing.chains_broken == 0, summary.timing
+    # what the auto depth counts besides the trip: the drafting of a block, as the driver timed it
+    driver = runtime.driver
+    assert driver._draft_step_ms > 0 and driver._verify_ms > 0
 
 
 def test_cost_policy_reads_the_pools_verify_curve(fleet, target):

@@ -56,3 +56,6 @@ def test_blocks_ahead_cover_the_link_per_verify_time():
     assert blocks_ahead(0, 50.0, 40.0) == 3
     assert blocks_ahead(0, 100.0, 40.0) == 4
     assert blocks_ahead(0, 1000.0, 40.0) == MAX_BLOCKS_AHEAD
+    # the drafting of a block counts too: a block goes out after the verdict depth blocks back is heard
+    assert blocks_ahead(0, 20.0, 40.0, drafting_ms=25.0) == 3
+    assert blocks_ahead(0, 100.0, 60.0) == 3 and blocks_ahead(0, 100.0, 60.0, drafting_ms=40.0) == 4
