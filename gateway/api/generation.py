@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 from gateway.api import responses
 from gateway.admission.slots import Ticket
 from gateway.admission.auth import Caller, authenticate
-from gateway.sessions.ending import close_follower_row, end_answer
+from gateway.sessions.ending import close_follower_row, close_open_row, end_answer
 from gateway.errors import APIError, RequestLost, error_body
 from gateway.sessions.recovery import check_stalled
 from gateway.admission.front_door import early_ticket
@@ -121,11 +121,13 @@ async def _end(state: GatewayState, submitted: Submitted, chat: bool, share: Str
     if count_work and state.shared and submitted.flight is not None:  # its readers may be on other gateways
         count_work = await claim_across_gateways(state.redis, submitted.source_id)
     _observe(state, submitted, chat, last, num_tokens, started, first_token_at, count_work=count_work)
+    now = time.monotonic()
+    first_at = datetime.now(timezone.utc) - timedelta(seconds=now - first_token_at) if first_token_at else None
     if submitted.merged_into is not None:
-        now = time.monotonic()
-        first_at = datetime.now(timezone.utc) - timedelta(seconds=now - first_token_at) if first_token_at else None
         await close_follower_row(state, submitted.request_id, last=last, finished=finished, num_tokens=num_tokens,
                                  first_token_at=first_at)
+    elif finished and last is not None:
+        await close_open_row(state, submitted.request_id, last=last, first_token_at=first_at)
 
 
 async def _collect(request: Request, state: GatewayState, submitted: Submitted, params: SamplingFields,

@@ -1,5 +1,5 @@
 """How an answer ends: its session cancelled when nobody reads it any more, its single-flight subscription given
-up, a follower's own row closed.
+up, a follower's own row closed, a leader's row closed where its draft worker left it open.
 
 A request alone cancels its session when its answer ends early (client gone, timeout, Redis lost it). A
 request in a flight (gateway/sessions/single_flight.py) leaves it instead, and only the last subscriber to leave
@@ -96,4 +96,27 @@ async def close_follower_row(state: GatewayState, request_id: str, *, last: Outp
     try:
         await asyncio.to_thread(update)
     except Exception:  # SQL is the record, not the answer: the client has it already
+        logger.exception("could not record request %s", request_id)
+
+
+async def close_open_row(state: GatewayState, request_id: str, *, last: OutputEvent,
+                         first_token_at: datetime | None) -> None:
+    """A generation whose last event this gateway read: its row's ending from that event, where the row still
+    says queued or running. Its draft worker writes the ending with the work's figures when it drives the
+    session to its end; when that worker was killed mid-request, the verify worker finishes the session on its own
+    and the row waited for the task's redelivery (the broker's visibility timeout, 300 s), or for ever where a
+    Redis restart lost the task: a chaos drill left 28 of 39 rows open. A driver's record written after this one
+    overwrites it with its own figures."""
+    status, finish_reason = _status(last, True)
+
+    def close() -> None:
+        with state.db() as session:
+            crud.close_if_open(session=session, request_id=request_id, status=status, finish_reason=finish_reason,
+                               completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
+                               first_token_at=first_token_at, finished_at=datetime.now(timezone.utc),
+                               error=last.error if status == "failed" else None)
+
+    try:
+        await asyncio.to_thread(close)
+    except Exception:  # SQL is the record, not the answer
         logger.exception("could not record request %s", request_id)

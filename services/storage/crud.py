@@ -109,7 +109,7 @@ CLIENT_ENDED = "cancelled"  # a status its client set (DELETE, or gone before th
 
 def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
     """A worker's view of a request's generation: its counters always, its status and finish reason unless its
-    client cancelled it first. The status is checked inside the UPDATE, so a cancel landing between a read and a
+    client cancelled it first (and "running" only over "queued"). The status is checked inside the UPDATE, so a cancel landing between a read and a
     write cannot be lost.
     (In a single flight the leader's client may leave while the generation goes on for the others: its row
     says cancelled, as its client saw it, and carries the generation's work.)"""
@@ -120,8 +120,10 @@ def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
     if fields:
         session.execute(update(Request).where(Request.id == request_id).values(**fields))
     if held:  # its own statement: MySQL evaluates SET left to right, so a CASE on status would see the new one
-        session.execute(update(Request).where(Request.id == request_id, Request.status != CLIENT_ENDED)
-                        .values(**held))
+        # "running" only follows "queued": a row its gateway already closed (the verify worker finished the session
+        # before a redelivered task opened it) is not opened again
+        allowed = Request.status == "queued" if held.get("status") == "running" else Request.status != CLIENT_ENDED
+        session.execute(update(Request).where(Request.id == request_id, allowed).values(**held))
     session.commit()
 
 

@@ -97,6 +97,42 @@ def test_a_worker_record_never_undoes_a_client_cancel(db):
             crud.record_work(session=session, request_id="cmpl-kept", bogus=1)
 
 
+def test_a_row_its_draft_worker_left_open_is_closed_from_the_last_event_its_gateway_read(db):
+    """A draft worker killed mid-request leaves its row running (or queued, when it never opened the session);
+    the verify worker finishes the session on its own, and the gateway that read the last event closes the row
+    from it. A row its driver closed keeps its driver's record, and a task opening the session later does not
+    open the row again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.sessions.ending import close_open_row
+    from services.protocol import OutputEvent
+    from services.speculative.stats import SpecDecodingStats
+
+    with db() as session:
+        for request_id in ("cmpl-running", "cmpl-queued", "cmpl-driven"):
+            crud.create_request(session=session, request_id=request_id, model="m", endpoint="chat",
+                                prompt_tokens=5, params={}, priority="normal", route="sd", pool="cpu",
+                                api_key_id=None)
+        crud.record_work(session=session, request_id="cmpl-running", status="running")
+        crud.record_work(session=session, request_id="cmpl-driven", status="finished", finish_reason="stop",
+                         completion_tokens=40, num_drafts=9, transport_ms_p50=3.5)
+    last = OutputEvent(request_id="", seq=47, token_ids=[1], num_output_tokens=48, finished=True,
+                       finish_reason="length", stats=SpecDecodingStats(num_drafts=6, num_draft_tokens=30,
+                                                                       num_accepted_tokens=25))
+    for request_id in ("cmpl-running", "cmpl-queued", "cmpl-driven"):
+        asyncio.run(close_open_row(SimpleNamespace(db=db), request_id, last=last, first_token_at=None))
+    with db() as session:
+        crud.record_work(session=session, request_id="cmpl-queued", status="running")  # a redelivered task, late
+        rows = {r: crud.get_request(session=session, request_id=r) for r in ("cmpl-running", "cmpl-queued",
+                                                                             "cmpl-driven")}
+        assert [(row.status, row.finish_reason, row.completion_tokens, row.num_drafts, row.num_draft_tokens,
+                 row.num_accepted_tokens, row.finished_at is not None) for row in rows.values()] == [
+            ("finished", "length", 48, 6, 30, 25, True), ("finished", "length", 48, 6, 30, 25, True),
+            ("finished", "stop", 40, 9, 0, 0, False)]
+        assert rows["cmpl-driven"].transport_ms_p50 == 3.5
+
+
 def test_telemetry_snapshots(db):
     row = {"worker_id": "w1", "role": "verify", "pool": "gpu", "device_kind": "cuda", "utilization": 0.5,
            "temperature_c": 90.0, "acceptance_rate": None, "latency_p99_ms": 12.5, "num_sessions": 2,
