@@ -13,9 +13,9 @@ WORD_PLAIN_ROUNDS target-only rounds; "" leaves the block to the draft's own cos
 plain). An arm is held at a load bucket (the sessions held) for a hold: it starts once a step saw every remote
 speculative session in the arm (each hears the word at its own next verdict), and measures the committed tokens
 per second of the HOLD_STEPS steps after that (all of them: sessions arriving and ending, drafts deciding on
-their own, are how the arm runs; the SETTLE_STEPS first, steps that prefilled a prompt and steps during a session's
-start, before its first block after the opening, left out; steps holding no remote speculative session, the plain
-route's alone, are neither arm's and do not count). Per-step figures of pure steps only were tried first: at 4
+their own, are how the arm runs; the SETTLE_STEPS first, steps that prefilled a prompt and steps where every
+session is in its start, before its first block after the opening, left out; steps holding no remote speculative
+session, the plain route's alone, are neither arm's and do not count). Per-step figures of pure steps only were tried first: at 4
 streams they measured drafting at 61 tok/s and plain at 45, while the routes ran at 37 and 56 (the slow parts of
 drafting under churn are the mixed steps). Drafting is measured first, then plain; then the faster is held and
 the other tried now and then (MeasuredTurns' trials, counted in holds), so a change of prompts or machine is seen.
@@ -93,11 +93,13 @@ class LoadWord:
         prompt too: not measured); `seen`: the arm its remote speculative sessions were in (DRAFT: every one
         drafting, PLAIN: none, MIXED: some of each, None: none held). A step with no remote speculative session
         (the plain route's alone) says nothing of either arm: it neither counts in a hold nor is measured.
-        starting: a remote session in it has not had a block after its opening yet (its draft is still hearing of
-        the request, prefilling, catching up): such a step may start a hold, and is then neither counted nor
+        starting: no remote session in it has had a block after its opening yet (their drafts are still hearing of
+        the requests, prefilling, catching up): such a step may start a hold, and is then neither counted nor
         measured. A start is paid once a request, by either arm (drafting pays its draft's prefill, a bridge on
         one core beside it), and a short request is all start: steps of 8-token requests held drafting at one
-        stream to target-only rounds where drafting ran 1.2x faster."""
+        stream to target-only rounds where drafting ran 1.2x faster. A step where some sessions start beside
+        others past theirs is how the arm runs under churn, and counts: were it left out, a load of short
+        requests arriving all the time would never be measured."""
         last_end, self._last_end = self._last_end, ended_at
         hold = self.held.get(load_bucket(load))
         if hold is None or seen is None:

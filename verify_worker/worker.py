@@ -451,7 +451,7 @@ class VerifyWorker:
             if all(streaming) else None
         if self.load_word is not None:
             self.load_word.stepped(load, remote_arm(busy), self._committed, time.monotonic(),
-                                   starting=any(not session.opened for session in self._drafted_remotely()))
+                                   starting=all(not session.opened for session in self._drafted_remotely()))
         self.figures.record_step(rows=len(sessions), tokens=num_tokens, forward_s=forward_s, step_s=step_s,
                                  streaming_rows=sum(streaming), wide=wide,
                                  streamed=sum(len(result.committed) for result, running in zip(results, streaming)

@@ -607,6 +607,8 @@ def test_a_worker_whose_target_only_rounds_commit_faster_tells_its_draft_so_and_
 def test_the_word_measures_no_step_of_a_sessions_start(client, bridging):
     """verify_worker/load_word.py: the bridge after an opening runs while the draft prefills and catches up, and
     its steps count in neither arm; the steps after the first block past the opening do."""
+    from services.speculative.measured_turns import load_bucket
+
     submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=40, ignore_eos=True))
     client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
     turn_until(bridging, lambda: len(read_events(client, "r")) >= 8)  # the opening, then its bridge
@@ -618,6 +620,14 @@ def test_the_word_measures_no_step_of_a_sessions_start(client, bridging):
     client.rpush(verify_pool_queue("cpu"), block(len(events), committed, [3, 4]).encode())
     turn_until(bridging, lambda: len(read_events(client, "r")) >= len(events) + 6)
     assert session.opened and hold.steps >= 5
+    # a second request starts beside it: steps where one session starts and another is past its start are how
+    # the arm runs under churn, and count
+    submit_spec(client, SessionSpec(request_id="s", prompt_ids=PROMPT, max_new_tokens=40, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="s", round=0, num_committed=len(PROMPT),
+                                                      draft_ids=[], reply_to=REPLY).encode())
+    turn_until(bridging, lambda: len(read_events(client, "s")) >= 6)
+    beside = bridging.load_word.held[load_bucket(2)]
+    assert not bridging.sessions.get("s").opened and beside.started and beside.steps >= 3
 
 
 def test_a_session_told_plain_and_an_opening_under_the_word_plain_leave_small_steps_every_core(client, wide):
