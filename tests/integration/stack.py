@@ -89,7 +89,10 @@ class Stack:
             try:
                 ready = httpx.get(f"{self.base_url}/readyz", timeout=2).json()
                 if ready["ready"] and ready["verify_workers"] >= len(self.live_verify_ids()):
-                    if len(self.heartbeats("verify")) == len(self.live_verify_ids()):
+                    draft = self.processes.get("draft-worker")  # a live one heartbeats once its draft is loaded
+                    drafting = draft is not None and draft.poll() is None
+                    if len(self.heartbeats("verify")) == len(self.live_verify_ids()) and (
+                            not drafting or self.heartbeats("draft")):
                         return
             except (httpx.HTTPError, ValueError):
                 pass

@@ -89,6 +89,10 @@ def test_a_killed_draft_worker_is_replaced_and_the_stream_resumes_identically(st
     assert final_tokens(events) == expected
     # no token repeated or skipped on the way: the deltas add up to the text of the expected tokens
     assert text == builtin_target.tokenizer.decode(expected, skip_special_tokens=True)
+    # and the replacement serves: the verify worker may finish the stream on its own before the new draft
+    # worker is up (5 s on one box), and the next request would be refused until it is
+    stack.wait_ready()
+    assert stack.heartbeats("draft")
 
 
 def test_sigterm_to_the_draft_worker_lets_its_session_finish_then_it_exits_0(stack, expected):
