@@ -233,7 +233,8 @@ class SessionDriver(threading.Thread):
         one, at the batched draft step the driver last timed (None before it timed one)."""
         if self._draft_step_ms is None:
             return None
-        longest = max((handle.session.controller.num_draft_tokens for handle in self._handles.values()), default=0)
+        handles = tuple(self._handles.values())  # one copy: the heartbeat and task threads ask too
+        longest = max((handle.session.controller.num_draft_tokens for handle in handles), default=0)
         return self._draft_step_ms * (longest + 1)
 
     def _chained_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:

@@ -15,10 +15,11 @@ speculative session in the arm (each hears the word at its own next verdict), an
 per second of the HOLD_STEPS steps after that (all of them: sessions arriving and ending, drafts deciding on
 their own, are how the arm runs; the SETTLE_STEPS first, steps that prefilled a prompt and steps where every
 session is in its start, before its first block after the opening, left out; steps holding no remote speculative
-session, the plain route's alone, are neither arm's and do not count). Per-step figures of pure steps only were tried first: at 4
-streams they measured drafting at 61 tok/s and plain at 45, while the routes ran at 37 and 56 (the slow parts of
-drafting under churn are the mixed steps). Drafting is measured first, then plain; then the faster is held and
-the other tried now and then (MeasuredTurns' trials, counted in holds), so a change of prompts or machine is seen.
+session, the plain route's alone, are neither arm's and do not count). Per-step figures of pure steps only were
+tried first: at 4 streams they measured drafting at 61 tok/s and plain at 45, while the routes ran at 37 and 56
+(the slow parts of drafting under churn are the mixed steps). Drafting is measured first, then plain; then the
+faster is held and the other tried now and then (MeasuredTurns' trials, counted in holds), so a change of prompts
+or machine is seen.
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ CLIENT_ENDED = "cancelled"  # a status its client set (DELETE, or gone before th
 
 def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
     """A worker's view of a request's generation: its counters always, its status and finish reason unless its
-    client cancelled it first (and "running" only over "queued"). The status is checked inside the UPDATE, so a cancel landing between a read and a
-    write cannot be lost.
+    client cancelled it first (and "running" only over "queued"). The status is checked inside the UPDATE, so a
+    cancel landing between a read and a write cannot be lost.
     (In a single flight the leader's client may leave while the generation goes on for the others: its row
     says cancelled, as its client saw it, and carries the generation's work.)"""
     for name in fields:
