@@ -229,12 +229,13 @@ class SessionDriver(threading.Thread):
         return blocks_ahead(self.blocks_ahead_setting, self.meter.redis_rtt_ms, self._verify_ms, self._drafting_ms())
 
     def _drafting_ms(self) -> float | None:
-        """The wall time of drafting a block and its bonus guess: the longest block the sessions ask for next, plus
-        one, at the batched draft step the driver last timed (None before it timed one)."""
+        """The wall time of drafting a block and its bonus guess: the longest block in flight, plus one, at the
+        batched draft step the driver last timed (None before it timed one). Asked every turn: it reads what was
+        sent, not the controllers' next choice (a cost-model search per session)."""
         if self._draft_step_ms is None:
             return None
-        handles = tuple(self._handles.values())  # one copy: the heartbeat and task threads ask too
-        longest = max((handle.session.controller.num_draft_tokens for handle in handles), default=0)
+        flights = [handle.session.in_flight for handle in tuple(self._handles.values())]  # one copy: other threads ask
+        longest = max((len(flight.block.draft_ids) for flight in flights if flight is not None), default=0)
         return self._draft_step_ms * (longest + 1)
 
     def _chained_blocks(self) -> list[tuple[SessionHandle, DraftBlock]]:
