@@ -191,13 +191,9 @@ def _record_ended(runtime: DraftRuntime, request_id: str, last: OutputEvent) -> 
     Its driver wrote no ending: the row gets it from the stream's last event, unless it has one."""
     if runtime.db is None:
         return
-    reason = last.finish_reason or "stop"
     try:
         with runtime.db() as session:
-            crud.close_if_open(session=session, request_id=request_id, status=crud.ended_status(reason),
-                               finish_reason=reason,
-                               completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
-                               finished_at=datetime.now(timezone.utc))
+            crud.close_from_last_event(session=session, request_id=request_id, last=last)
     except Exception:  # SQL is the record, not the hot path
         logger.exception("could not record request %s", request_id)
 

@@ -107,14 +107,10 @@ async def close_open_row(state: GatewayState, request_id: str, *, last: OutputEv
     and the row waited for the task's redelivery (the broker's visibility timeout, 300 s), or for ever where a
     Redis restart lost the task: a chaos drill left 28 of 39 rows open. A driver's record written after this one
     overwrites it with its own figures."""
-    status, finish_reason = _status(last, True)
-
     def close() -> None:
         with state.db() as session:
-            crud.close_if_open(session=session, request_id=request_id, status=status, finish_reason=finish_reason,
-                               completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
-                               first_token_at=first_token_at, finished_at=datetime.now(timezone.utc),
-                               error=last.error if status == "failed" else None)
+            crud.close_from_last_event(session=session, request_id=request_id, last=last,
+                                       first_token_at=first_token_at)
 
     try:
         await asyncio.to_thread(close)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select, update
@@ -130,6 +130,19 @@ def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
 def ended_status(finish_reason: str | None) -> str:
     """The row status of a request whose output ended with `finish_reason`."""
     return "failed" if finish_reason == "error" else "cancelled" if finish_reason == "cancelled" else "finished"
+
+
+def close_from_last_event(*, session: Session, request_id: str, last: Any, **fields: Any) -> bool:
+    """A request's ending read from its stream's last event (an OutputEvent: its finish reason, output count,
+    cumulative stats and error), written only where the row is still open (close_if_open): by whoever saw the
+    generation end when its driver did not record it (a task that found the request finished, the gateway that
+    read the last event). True: written."""
+    reason = last.finish_reason or "stop"
+    status = ended_status(reason)
+    return close_if_open(session=session, request_id=request_id, status=status, finish_reason=reason,
+                         completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
+                         error=last.error if status == "failed" else None, finished_at=datetime.now(timezone.utc),
+                         **fields)
 
 
 def close_if_open(*, session: Session, request_id: str, **fields: Any) -> bool:
