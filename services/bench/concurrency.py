@@ -1,30 +1,31 @@
 """`mirror-sd bench --concurrency 1,4,8,16,32`: throughput and latency under load, the stack against plain
-batched decoding. (Just over 300 lines: the closed loop, its figures and its report read together.)
+batched decoding: the closed loop and its figures (the report: services/bench/concurrency_report.py).
 
 Modes, at every concurrency level C (N requests, C in flight, closed loop):
 - `stack`: the running stack, speculative route (what the routing table picks);
 - `stack-ar`: the same stack, plain target decoding (`"route": "ar"`, same batched step, no draft);
 - `baseline`: the `stack` mode against another gateway (`--baseline-url`, e.g. an older build);
 - `hf-batch`: transformers' `generate` over left-padded static batches of C prompts, in this process.
-Modes take turns level by level, so a drift of the machine's speed hits all alike. Before a level's timed runs,
-every stack mode runs it untimed (`warmup` passes of C requests at C in flight, 8 tokens each): whatever a worker
-pays the first time it holds C sessions (its KV grown for them, new step shapes, its measured turns at that
-load) would otherwise land on whichever mode comes first. Every greedy output of
-the stack modes is checked against single-stream target-only decoding in this process: a mismatch is
+Modes take turns level by level, so a drift of the machine's speed hits all alike; with --repeat, in
+alternating order (A B, B A, ...), and the report gives each turn's figure and stack / stack-ar turn by turn.
+Before a level's timed runs, every stack mode runs it untimed (`warmup` passes of C requests at C in flight, 8
+tokens each): whatever a worker pays the first time it holds C sessions (its KV grown for them, new step shapes,
+its measured turns at that load) would otherwise land on whichever mode comes first. Every greedy output of the
+stack modes is checked against single-stream target-only decoding in this process: a mismatch is
 reported with the prompt, the position and the target's top-2 logit gap there, and fails the run when the
 gap is above 1e-3 (fp32 batched matmuls may differ from batch 1 in the last bits, nothing more).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from services.bench.concurrency_report import plot_concurrency, write_json, write_markdown
 from services.bench.hf_batch import run_hf_batch_level
 from services.bench.load import LevelRun, run_level
 from services.bench.prompts import BenchPrompt
@@ -250,8 +251,8 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
         batch = level_prompts(config.prompts, concurrency, config.requests)
         warm_level(config, urls, batch[:concurrency], concurrency)
         runs: dict[str, list[LevelRun]] = {mode: [] for mode in config.modes}
-        for _ in range(config.repeat):
-            for mode in config.modes:
+        for turn in range(config.repeat):
+            for mode in turn_order(config.modes, turn):
                 run, found = _run_mode(mode, config, urls, target, batch, concurrency, reference, encoded)
                 runs[mode].append(run)
                 mismatches += found
@@ -263,7 +264,8 @@ def run_concurrency_bench(config: ConcurrencyConfig, target: LoadedModel, out_di
                      f"ITL p50/p99 {row.itl_p50_ms}/{row.itl_p99_ms} ms  {row.extra}")
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [write_json(out_dir / "concurrency.json", config, rows, mismatches, label),
-             write_markdown(out_dir / "concurrency.md", rows, mismatches, label, warmup=config.warmup)]
+             write_markdown(out_dir / "concurrency.md", rows, mismatches, label, warmup=config.warmup,
+                            warmup_tokens=WARMUP_TOKENS)]
     plot = plot_concurrency(rows, out_dir / "throughput_vs_concurrency.png")
     return rows, mismatches, files + ([plot] if plot else [])
 
@@ -275,6 +277,13 @@ def warm_level(config: ConcurrencyConfig, urls: dict, batch: list[BenchPrompt], 
             if mode in urls:
                 run_level(urls[mode], config.model, batch, concurrency, max_tokens=WARMUP_TOKENS,
                           api_key=config.api_key, route="ar" if mode == "stack-ar" else None)
+
+
+def turn_order(modes: list[str], turn: int) -> list[str]:
+    """The modes' order in a level's turn `turn` (0 first): as given, then reversed, and so on (A B, B A, A B ...),
+    so that what the first run after a level's warm-up pays (one mode's sessions growing the worker's memory for C
+    sessions first, the machine's drift within a turn) does not always fall on the same mode."""
+    return list(modes) if turn % 2 == 0 else list(reversed(modes))
 
 
 def merge_runs(runs: list[LevelRun]) -> LevelRun:
@@ -304,71 +313,3 @@ def _run_mode(mode: str, config: ConcurrencyConfig, urls: dict, target: LoadedMo
     if mode != "baseline":
         run.extra.update(step_figures(counters, _verify_counters(config.redis_url, sent_after=time.time())))
     return run, check_greedy(run, reference, encoded, target)
-
-
-def write_json(path: Path, config: ConcurrencyConfig, rows: list[LevelRow], mismatches: list[Mismatch],
-               label: dict | None = None) -> Path:
-    meta = {"levels": config.levels, "modes": config.modes, "max_tokens": config.max_tokens,
-            "prompts": [p.id for p in config.prompts], "url": config.url, "baseline_url": config.baseline_url,
-            "repeat": config.repeat, "warmup": config.warmup, "synthetic": label}
-    path.write_text(json.dumps({"meta": meta, "rows": [asdict(row) for row in rows],
-                                "mismatches": [{**asdict(m), "fatal": m.fatal} for m in mismatches]}, indent=1))
-    return path
-
-
-def _cell(value) -> str:
-    return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def write_markdown(path: Path, rows: list[LevelRow], mismatches: list[Mismatch], label: dict | None = None, *,
-                   warmup: int = 0) -> Path:
-    by_key = {(row.mode, row.concurrency): row for row in rows}
-    lines = [f"stack: {describe_label(label)}", ""] if label else []
-    lines += ["| mode | C | tok/s | x one stream | x hf-batch | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms "
-             "| acceptance | rows/step | bookkeeping | mismatches |", "|" + "---|" * 12]
-    for row in rows:
-        single = by_key.get((row.mode, min(c for m, c in by_key if m == row.mode)))
-        peer = by_key.get(("hf-batch", row.concurrency))
-        lines.append("| " + " | ".join([
-            row.mode, str(row.concurrency), f"{row.tokens_per_s:.1f}",
-            f"{row.tokens_per_s / single.tokens_per_s:.2f}" if single and single.tokens_per_s else "–",
-            f"{row.tokens_per_s / peer.tokens_per_s:.2f}" if peer and peer.tokens_per_s else "–",
-            f"{_cell(row.ttft_p50_ms)} / {_cell(row.ttft_p99_ms)}", f"{_cell(row.itl_p50_ms)} / {_cell(row.itl_p99_ms)}",
-            _cell(row.tpot_p50_ms), _cell(row.acceptance_rate), _cell(row.extra.get("mean_rows_per_step")),
-            f"{row.extra['bookkeeping_share']:.1%}" if "bookkeeping_share" in row.extra else "–",
-            str(row.mismatches)]) + " |")
-    for mismatch in mismatches:
-        lines.append(f"\n{'MISMATCH' if mismatch.fatal else 'near-tie'} {mismatch.mode} C={mismatch.concurrency} "
-                     f"{mismatch.prompt_id} at token {mismatch.position}: top-2 logit gap {mismatch.top2_gap:g}")
-    if warmup:
-        lines.append(f"\nBefore its timed runs, each level ran {warmup} untimed pass(es) of C requests at C in flight "
-                     f"({WARMUP_TOKENS} tokens each) by every stack mode.")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def plot_concurrency(rows: list[LevelRow], path: Path) -> Path | None:
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in dict.fromkeys(row.mode for row in rows):
-        points = sorted((row.concurrency, row.tokens_per_s, row.itl_p99_ms) for row in rows if row.mode == mode)
-        throughput.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=mode)
-        latency.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=mode)
-    for axes, label in ((throughput, "aggregate tokens/s"), (latency, "inter-token latency p99 (ms)")):
-        axes.set_xscale("log", base=2)
-        axes.set_xlabel("requests in flight")
-        axes.set_ylabel(label)
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize="small")
-    throughput.set_title("Throughput vs concurrency")
-    latency.set_title("Tail inter-token latency")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path

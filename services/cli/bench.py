@@ -25,7 +25,7 @@ def bench(
     per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
     categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
-    repeat: Annotated[int, typer.Option(min=1)] = 1,
+    repeat: Annotated[int, typer.Option(min=1, help="runs of each prompt (or, with --concurrency, of each level) per mode, the modes taking turns; with --concurrency in alternating order, each turn reported")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run; with --concurrency, untimed passes of each level (C requests at C in flight, 8 tokens) by every stack mode before its timed runs")] = 1,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checked against ar)")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
