@@ -16,6 +16,7 @@ from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict, out
 from services.config import SchedulerSettings
 from services.redis_client import read_events
 from services.speculative.block_length import WORD_PLAIN_ROUNDS
+from services.speculative.measured_turns import load_bucket
 from services.speculative.params import SamplingParams
 from tests.conftest import build_tiny_llama
 from tests.integration.fleet import empty_redis, output_tokens, running_fleet, submit_spec
@@ -607,8 +608,6 @@ def test_a_worker_whose_target_only_rounds_commit_faster_tells_its_draft_so_and_
 def test_the_word_measures_no_step_of_a_sessions_start(client, bridging):
     """verify_worker/load_word.py: the bridge after an opening runs while the draft prefills and catches up, and
     its steps count in neither arm; the steps after the first block past the opening do."""
-    from services.speculative.measured_turns import load_bucket
-
     submit_spec(client, SessionSpec(request_id="r", prompt_ids=PROMPT, max_new_tokens=40, ignore_eos=True))
     client.rpush(verify_pool_queue("cpu"), block(0, len(PROMPT)).encode())
     turn_until(bridging, lambda: len(read_events(client, "r")) >= 8)  # the opening, then its bridge
