@@ -11,8 +11,12 @@ link trip after the verify worker pushed them. The relay ends with the first
 verdict it moves, or with the session.
 
 A verdict already there when the session started (round 0 committed first)
-is not needed: the session then resumes from the committed output, and the
-list expires with the request.
+is not relayed: the session resumes from the committed output, and takes
+from that verdict, read when it opened (services/redis_client.py,
+open_session), only the load its verify worker told. That is the load a
+burst's first request meets: its opening ran alone while the rest came in
+(verify_worker/told_load.py), and the load the draft worker's other sessions
+heard last may be from before the burst. The list expires with the request.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
 from services.models.drafters.serving import load_serving_draft
-from services.protocol import DraftFallback, OutputEvent, SessionSpec
+from services.protocol import DraftFallback, OutputEvent, SessionSpec, Verdict
 from services.link.meter import TRIP_FINISH, TRIP_LEASE, TRIP_OPEN
 from services.redis_client import OpenedSession, open_session, read_heartbeats, release_lease, write_heartbeat
 from services.redis_conn import connect
@@ -121,7 +121,8 @@ class DraftRuntime:
             self._costs.update({pool: (time.monotonic(), cost) for pool, cost in costs.items()})
         return costs
 
-    def new_session(self, spec: SessionSpec, events: list) -> DraftSession:
+    def new_session(self, spec: SessionSpec, events: list, opening: Verdict | None = None) -> DraftSession:
+        """opening: its round 0's verdict, when that came before the session started (OpenedSession.opening)."""
         cost = self.cost_model(spec.pool)
         if cost is not None:  # this worker's link as measured now: a drafted round pays it unless verified ahead
             cost = dataclasses.replace(cost, link_ms=self.driver.meter.figures().transport_ms_p50 or 0.0,
@@ -130,7 +131,8 @@ class DraftRuntime:
                             speculative=self.settings.speculative, cost=cost,
                             reply_to=protocol.draft_inbox(self.worker_id),
                             pipelined=self.settings.worker.pipelined_drafting,
-                            recent=self.recent, draft_sessions=self.driver.num_sessions + 1)
+                            recent=self.recent, draft_sessions=self.driver.num_sessions + 1,
+                            told=opening if events else None)
 
 
 _RUNTIME_LOCK = threading.Lock()
@@ -235,7 +237,7 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
         if events and events[-1].finished:
             _record_ended(runtime, request_id, events[-1])
             return {"request_id": request_id, "finish_reason": events[-1].finish_reason}
-        session = runtime.new_session(spec, events)
+        session = runtime.new_session(spec, events, opened.opening)
         relay_ended = threading.Event()
         if session.awaits_opening:  # round 0 went from the gateway: its answer comes on the request's own list
             relay_opening(client, request_id, session.reply_to, relay_ended)

@@ -356,7 +356,9 @@ class Verdict(Message):
     finish_reason: str | None = None
     worker_id: str = ""
     num_rounds: int = 1  # output events the block committed (a resync may cover rounds of an earlier owner)
-    batch_rows: int = 1  # rows in the step that verified the drafted round: the load the next block meets
+    # the load the next block meets: rows in the step that verified the drafted round, and the openings on their
+    # way to the next steps (verify_worker/told_load.py)
+    batch_rows: int = 1
     stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # the request's, after the block
     block_sent_at: float = 0.0
     block_id: int = 0  # the block's (DraftBlock.block_id)

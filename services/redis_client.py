@@ -12,11 +12,14 @@ from services.protocol import (
     CHILDREN_KEY,
     HEARTBEAT_PATTERN,
     ROUTING_TABLE_KEY,
+    BlockTaken,
     ChildStatus,
     Heartbeat,
     OutputEvent,
     ProtocolError,
     RoutingTable,
+    Verdict,
+    decode_one_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -43,14 +46,14 @@ def release_lease(client, request_id: str, instance: str):
 OPEN_SESSION_LUA = """
 local spec = redis.call('GET', KEYS[1])
 if not spec then
-  return {false, 0, {}}
+  return {false, 0, {}, {}}
 end
 local leased = 0
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then
   leased = 1
   redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3])
 end
-return {spec, leased, redis.call('XRANGE', KEYS[4], '-', '+')}
+return {spec, leased, redis.call('XRANGE', KEYS[4], '-', '+'), redis.call('LRANGE', KEYS[5], 0, -1)}
 """
 
 
@@ -59,16 +62,33 @@ class OpenedSession:
     spec: bytes | None  # None: no such request (expired or never created)
     leased: bool  # the lease is the caller's now
     events: list[OutputEvent]
+    # the verdict of round 0 already on the request's own list (SessionSpec.opened: the gateway sent round 0),
+    # when it came before the session started: the load its verify worker told (draft_worker/opening.py)
+    opening: Verdict | None = None
 
 
 def open_session(client: redis.Redis, request_id: str, instance: str, lease_ttl_s: int) -> OpenedSession:
-    """One round trip: the request's spec, its lease for `instance` if nobody holds it, its output events."""
+    """One round trip: the request's spec, its lease for `instance` if nobody holds it, its output events, and
+    its opening's verdict when that is on the request's own list."""
     keys = [protocol.request_key(request_id), protocol.lease_key(request_id), protocol.owner_key(request_id),
-            protocol.output_stream(request_id)]
-    spec, leased, entries = client.eval(OPEN_SESSION_LUA, len(keys), *keys, instance, lease_ttl_s, REQUEST_TTL_S)
+            protocol.output_stream(request_id), protocol.verdict_queue(request_id)]
+    spec, leased, entries, answers = client.eval(OPEN_SESSION_LUA, len(keys), *keys, instance, lease_ttl_s,
+                                                 REQUEST_TTL_S)
     # XRANGE inside a script comes back raw: [id, [field, value, ...]] per entry
     events = [OutputEvent.decode(dict(zip(fields[::2], fields[1::2]))[b"m"]) for _, fields in entries]
-    return OpenedSession(spec, bool(leased), events)
+    return OpenedSession(spec, bool(leased), events, _last_verdict(answers))
+
+
+def _last_verdict(answers: list[bytes]) -> Verdict | None:
+    """The last verdict among a request's own list (its BlockTaken notes and verdicts); a bad one is none."""
+    for raw in reversed(answers):
+        try:
+            message = decode_one_of(raw, (Verdict, BlockTaken))
+        except ProtocolError:
+            continue
+        if isinstance(message, Verdict):
+            return message
+    return None
 
 
 # Append one output event and push its verdict, only if the stream holds exactly

@@ -35,7 +35,7 @@ class VerifySession:
     first_round_done: bool = False  # its drafted round is verified; target-only rounds may remain
     block_end_round: int = 0  # the round after the block's last
     block_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # stats when the block began
-    batch_rows: int = 1  # rows of the step that verified the block's drafted round
+    batch_rows: int = 1  # rows its verdict tells: the step's that verified the drafted round, and openings on their way
     block_started_at: float = 0.0  # wall clock: when the worker took the block
     arrived_at: float = 0.0  # monotonic, the same moment: first come, first served within a priority
     last_verdict_at: float = 0.0  # monotonic: when its last verdict went out (its next block is coming)

@@ -12,7 +12,10 @@ Each turn of the loop:
 3. step: the planner picks rows under `max_batch_size` and the token budget,
    one forward runs them all, the round math is applied per session;
 4. commit: every session's output event (and verdict, when its block is
-   done) in one pipelined round trip, each through the atomic commit script.
+   done) in one pipelined round trip, each through the atomic commit script;
+   blocks queued during the step are popped before the verdicts are made
+   (the openings among them are load the verdicts tell: told_load.py) and
+   taken after they went out.
 
 A block covers one drafted round and, optionally, target-only rounds the
 worker then runs on its own (plain decoding needs no round trip per token).
@@ -59,6 +62,7 @@ from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
 from verify_worker.session_table import SessionTable
 from verify_worker.sessions import VerifySession, build_session, resume_block
+from verify_worker.told_load import new_sessions, openings_waiting, told_rows
 from verify_worker.verdicts import CommitItem, block_verdict, round_item
 
 logger = logging.getLogger(__name__)
@@ -230,15 +234,23 @@ class VerifyWorker:
         item = self.client.blpop(self.queues, timeout=max(timeout_s, 0.001))
         return [(item[1], item[0].decode() == self.queues[1])] if item else []
 
-    def _admit(self, raws: list[tuple[bytes, bool]]) -> None:
-        blocks, taken = [], []
+    def _decode(self, raws: list[tuple[bytes, bool]]) -> list[tuple[DraftBlock, bool]]:
+        """Popped messages as blocks, each with whether it came from the pool; a bad one is counted and dropped."""
+        decoded = []
         for raw, pooled in raws:
             try:
-                block = DraftBlock.decode(raw)
+                decoded.append((DraftBlock.decode(raw), pooled))
             except ProtocolError as exc:
                 self.num_bad_messages += 1
                 logger.warning("dropped a bad message: %s", exc)
-                continue
+        return decoded
+
+    def _admit(self, raws: list[tuple[bytes, bool]]) -> None:
+        self._admit_blocks(self._decode(raws))
+
+    def _admit_blocks(self, arrived: list[tuple[DraftBlock, bool]]) -> None:
+        blocks, taken = [], []
+        for block, pooled in arrived:
             if block.draft_here and block.request_id in self.sessions:
                 continue  # a second start of a session held here (a gateway revived one that was only slow)
             blocks.append(block)
@@ -439,9 +451,16 @@ class VerifyWorker:
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
-        items = self._outcomes(sessions, results, rows=len(sessions), word=self._word(load))
-        self.commits.publish(items)
-        self._continue_chains(sessions)
+        # blocks queued during the step, taken once its verdicts are out: the openings among them are load the
+        # verdicts tell (verify_worker/told_load.py)
+        arriving = self._decode(self._pop(0.0)) if any(s.drafted_remotely for s in sessions) else []
+        rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving])
+        items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
+        try:
+            self.commits.publish(items)
+            self._continue_chains(sessions)
+        finally:
+            self._admit_blocks(arriving)
         step_s = time.perf_counter() - started
         if all(streaming):  # a bridged round is one streaming token: prefill chunks say nothing of its cost
             self._step_s = smoothed(self._step_s, step_s, weight=0.2)
@@ -458,6 +477,15 @@ class VerifyWorker:
                                               if result is not None and running))
         self.sessions.evict_idle()
         return len(sessions)
+
+    def _told_load(self, sessions: list[VerifySession], load: int, arriving: list[DraftBlock]) -> tuple[int, int]:
+        """The rows and the load (for the word) a step's verdicts tell: the step's own when it has no remote
+        speculative session (co-located drafting, the plain route); else with the openings on their way."""
+        if not arriving and not any(s.drafted_remotely for s in sessions):
+            return len(sessions), load
+        queued = new_sessions(arriving, (session.request_id for session in self.sessions))
+        waiting = openings_waiting(self.sessions, {session.request_id for session in sessions})
+        return told_rows(len(sessions), waiting, queued), load + queued
 
     def _step_tokens(self) -> int:
         """The step's token budget: max_batch_tokens while a stream runs here (a longer step would hold up its

@@ -101,11 +101,14 @@ class DraftSession:
     def __init__(self, spec: SessionSpec, events: list[OutputEvent], *, drafter: Drafter | None,
                  speculative: SpeculativeSettings, cost: CostModel | None, reply_to: str,
                  pipelined: bool, recent: RecentRounds | None = None, draft_sessions: int | None = None,
-                 max_plain_rounds: int = MAX_PLAIN_ROUNDS, sees_load: bool = True) -> None:
+                 max_plain_rounds: int = MAX_PLAIN_ROUNDS, sees_load: bool = True,
+                 told: Verdict | None = None) -> None:
         """max_plain_rounds: target-only rounds one block may ask for (fewer when a block costs no round trip:
         the controller looks at the load again after each block). sees_load False: the block-length
         controller decides as for a lone stream, by acceptance and the draft's cost alone (co-located drafting
-        decides for the load itself, with gamma_cap, from turns measured at that load)."""
+        decides for the load itself, with gamma_cap, from turns measured at that load). told: the verdict of the
+        last round in `events`, when known (its opening's, answered before the session started): the load its
+        verify worker told then, instead of the last any session of this draft worker heard."""
         self.spec = spec
         self.request_id = spec.request_id
         self.max_plain_rounds = max_plain_rounds
@@ -125,7 +128,9 @@ class DraftSession:
         explore = recent.explore() if recent is not None and self.drafter is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
         self.sampling = spec.sampling
-        if recent is not None:
+        if told is not None:  # its own verify worker's word, newer than what other sessions heard before it
+            self._observe_load(told.batch_rows, draft_sessions, told.load_arm)
+        elif recent is not None:
             # the first block meets the pool's current load, and the draft worker's (a burst of new sessions
             # shares one draft core: its batched steps can cost more than plain rounds save), and its last word
             self._observe_load(recent.rows, draft_sessions, recent.word)

@@ -14,7 +14,7 @@ import redis
 from services import protocol
 from services.link.meter import TRIP_FINISH, TRIP_OPEN
 from services.models.drafters import DraftSource
-from services.protocol import OutputEvent, SessionSpec
+from services.protocol import BlockTaken, OutputEvent, SessionSpec, Verdict
 from services.redis_client import open_session, read_events
 from tests.conftest import build_tiny_llama, perturbed_copy
 from tests.integration.fleet import VerifyThread, behind_link, draft_runtime, output_tokens, reference, submit_spec
@@ -45,10 +45,25 @@ def test_open_session_takes_a_free_lease_and_names_its_owner_in_one_call(redis_u
     assert client.get(protocol.owner_key(spec.request_id)) == me.encode()
     assert 0 < client.ttl(protocol.lease_key(spec.request_id)) <= 10
 
+    assert opened.opening is None  # nothing answered on the request's own list
     again = open_session(client, spec.request_id, other, 10)  # a live owner holds it: taken from nobody
     assert not again.leased and again.events == opened.events
     assert client.get(protocol.lease_key(spec.request_id)) == me.encode()
     assert client.get(protocol.owner_key(spec.request_id)) == me.encode()
+
+
+def test_open_session_brings_the_opening_verdict_answered_before_the_session_started(redis_url):
+    """SessionSpec.opened: round 0's BlockTaken note and verdict go to the request's own list; a session that
+    starts after them reads the verdict in the same call, for the load its verify worker told."""
+    client = redis.Redis.from_url(redis_url)
+    spec = SessionSpec(request_id="start-opened", prompt_ids=PROMPT, max_new_tokens=4, opened=True)
+    submit_spec(client, spec)
+    verdict = Verdict(request_id=spec.request_id, round=0, num_committed=len(PROMPT) + 1, num_draft_tokens=0,
+                      num_accepted=0, committed_ids=[7], batch_rows=9, load_arm="plain", worker_id="verify-w")
+    client.rpush(protocol.verdict_queue(spec.request_id), BlockTaken(spec.request_id, 0, "verify-w").encode(),
+                 b"not a message", verdict.encode())
+    opened = open_session(client, spec.request_id, protocol.instance_id("draft-a", os.getpid()), 10)
+    assert opened.leased and opened.opening == verdict
 
 
 def test_a_draft_task_sends_its_first_block_one_link_trip_after_it_starts(target, redis_url):

@@ -713,3 +713,45 @@ def test_a_prompt_is_prefilled_in_one_step_while_no_stream_runs_and_in_budgeted_
     for request_id, prompt_ids in (("a", long_prompt), ("b", other)):
         assert output_tokens(client, request_id) == greedy(worker, 12, prompt_ids)
 
+
+
+def opening(request_id: str) -> DraftBlock:
+    return DraftBlock(request_id=request_id, round=0, num_committed=len(PROMPT), draft_ids=[], reply_to=REPLY)
+
+
+def verdict_of(client, request_id: str) -> Verdict | None:
+    return next((v for v in reversed(verdicts(client)) if v.request_id == request_id), None)
+
+
+def test_a_verdict_tells_the_rows_of_the_openings_on_their_way_and_between_bursts_the_steps_own(client, worker):
+    for request_id in "abc":
+        submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    client.rpush(verify_pool_queue("cpu"), opening("a").encode())
+    forward = worker.engine.forward
+
+    def burst_arrives(rows):  # the rest of the burst comes in while "a" is prefilled alone
+        if worker.sessions.get("b") is None and not client.llen(verify_pool_queue("cpu")):
+            client.rpush(verify_pool_queue("cpu"), opening("b").encode(), opening("c").encode())
+        return forward(rows)
+
+    worker.engine.forward = burst_arrives
+    turn_until(worker, lambda: verdict_of(client, "a"))
+    assert verdict_of(client, "a").batch_rows == 3  # one row stepped, two openings queued meanwhile
+    assert worker.sessions.get("b") is not None and worker.sessions.get("c") is not None  # taken after the verdicts
+    turn_until(worker, lambda: verdict_of(client, "b") and verdict_of(client, "c"))
+    assert verdict_of(client, "b").batch_rows == verdict_of(client, "c").batch_rows == 2  # "a" waits for its block
+    client.rpush(verify_pool_queue("cpu"), DraftBlock(request_id="a", round=1, num_committed=verdict_of(
+        client, "a").num_committed, draft_ids=[3, 4], reply_to=REPLY).encode())
+    turn_until(worker, lambda: verdict_of(client, "a").round == 1)
+    assert verdict_of(client, "a").batch_rows == 1  # no opening on its way: the step's own rows
+
+
+def test_a_step_whose_openings_wait_for_a_later_step_tells_them_too(client):
+    worker = VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu",
+                          scheduler=SchedulerSettings(max_batch_size=1))
+    for request_id in "ab":
+        submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    worker._admit([(opening(request_id).encode(), True) for request_id in "ab"])
+    assert worker.step() == 1 and not client.llen(verify_pool_queue("cpu"))
+    stepped = [request_id for request_id in "ab" if verdict_of(client, request_id)]
+    assert len(stepped) == 1 and verdict_of(client, stepped[0]).batch_rows == 2  # the other opening's step is next

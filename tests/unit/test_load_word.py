@@ -192,3 +192,29 @@ def test_a_seeded_sampled_session_ignores_the_word_where_its_rounds_fall_decides
     assert told(SamplingParams(temperature=0.8, seed=7)).draft_call() is not None  # drafts on: its layout is its seed's
     assert told(SamplingParams(temperature=0.8)).draft_call() is None  # unseeded: any layout samples alike
     assert told(SamplingParams()).draft_call() is None  # greedy
+
+
+def test_a_session_started_after_its_opening_was_answered_hears_that_verdict_not_what_others_heard_before():
+    """A burst's first request: the gateway sent its opening, answered before its draft task started (with the
+    load of the burst that came in meanwhile, verify_worker/told_load.py). The draft worker's other sessions last
+    heard "" at one row, before the burst."""
+    from services.engine.draft_session import DraftSession
+    from services.models.drafters.ngram import NgramDrafter
+    from services.protocol import OutputEvent
+    from services.speculative.block_length import RecentRounds
+
+    spec = SessionSpec(request_id="r", prompt_ids=[1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=64, opened=True)
+    events = [OutputEvent(request_id="r", seq=0, token_ids=[3], num_output_tokens=1)]
+    recent = RecentRounds()
+    recent.observe(4, 4, rows=1, word="")
+    opening = Verdict(request_id="r", round=0, num_committed=9, num_draft_tokens=0, num_accepted=0,
+                      committed_ids=[3], load_arm="plain", batch_rows=13, worker_id="verify-w")
+
+    def started(told: Verdict | None) -> DraftSession:
+        return DraftSession(spec, events, drafter=NgramDrafter(), speculative=SpeculativeSettings(), cost=None,
+                            reply_to="inbox", pipelined=False, recent=recent, draft_sessions=1, told=told)
+
+    assert started(None).draft_call() is not None  # what the others heard: it drafts
+    session = started(opening)
+    assert session.controller.rows == 13 and session.draft_call() is None
+    assert session.next_block().num_rounds == WORD_PLAIN_ROUNDS
