@@ -451,9 +451,7 @@ class VerifyWorker:
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
-        # blocks queued during the step, taken once its verdicts are out: the openings among them are load the
-        # verdicts tell (verify_worker/told_load.py)
-        arriving = self._decode(self._pop(0.0)) if any(s.drafted_remotely for s in sessions) else []
+        arriving = self._arrivals() if any(s.drafted_remotely for s in sessions) else []
         rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving])
         items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
         try:
@@ -477,6 +475,15 @@ class VerifyWorker:
                                               if result is not None and running))
         self.sessions.evict_idle()
         return len(sessions)
+
+    def _arrivals(self) -> list[tuple[DraftBlock, bool]]:
+        """Blocks queued during a step, taken once its verdicts are out: the openings among them are load the
+        verdicts tell (verify_worker/told_load.py). Redis away: none (they wait in their queues), and the step's
+        commits meet the outage as before, its sessions' rounds applied."""
+        try:
+            return self._decode(self._pop(0.0))
+        except redis.RedisError:
+            return []
 
     def _told_load(self, sessions: list[VerifySession], load: int, arriving: list[DraftBlock]) -> tuple[int, int]:
         """The rows and the load (for the word) a step's verdicts tell: the step's own when it has no remote

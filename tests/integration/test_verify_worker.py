@@ -755,3 +755,15 @@ def test_a_step_whose_openings_wait_for_a_later_step_tells_them_too(client):
     assert worker.step() == 1 and not client.llen(verify_pool_queue("cpu"))
     stepped = [request_id for request_id in "ab" if verdict_of(client, request_id)]
     assert len(stepped) == 1 and verdict_of(client, stepped[0]).batch_rows == 2  # the other opening's step is next
+
+
+def test_a_step_whose_look_at_the_queues_fails_still_commits_its_rounds(client, worker):
+    submit_spec(client, SessionSpec(request_id="a", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    worker._admit([(opening("a").encode(), True)])
+
+    def away(timeout_s):
+        raise redis.ConnectionError("Redis away for a moment")
+
+    worker._pop = away
+    assert worker.step() == 1
+    assert verdict_of(client, "a").batch_rows == 1 and len(read_events(client, "a")) == 1
