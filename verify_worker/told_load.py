@@ -34,6 +34,7 @@ def new_sessions(arriving: Iterable[DraftBlock], held: Iterable[str]) -> int:
     return len({block.request_id for block in arriving if not block.release and block.request_id not in known})
 
 
-def told_rows(step_rows: int, waiting: int, arriving: int) -> int:
-    """The rows a step's verdicts say the next block meets: the step's, and each opening waiting here or queued."""
-    return step_rows + waiting + arriving
+def told_rows(step_rows: int, waiting: int, arriving: int, max_rows: int) -> int:
+    """The rows a step's verdicts say the next block meets: the step's, and each opening waiting here or queued,
+    up to the rows one step takes (scheduler.max_batch_size: the rest wait for later steps)."""
+    return max(step_rows, min(max_rows, step_rows + waiting + arriving))

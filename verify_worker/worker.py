@@ -492,7 +492,7 @@ class VerifyWorker:
             return len(sessions), load
         queued = new_sessions(arriving, (session.request_id for session in self.sessions))
         waiting = openings_waiting(self.sessions, {session.request_id for session in sessions})
-        return told_rows(len(sessions), waiting, queued), load + queued
+        return told_rows(len(sessions), waiting, queued, self.scheduler.max_batch_size), load + queued
 
     def _step_tokens(self) -> int:
         """The step's token budget: max_batch_tokens while a stream runs here (a longer step would hold up its

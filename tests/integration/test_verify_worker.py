@@ -748,7 +748,8 @@ def test_a_verdict_tells_the_rows_of_the_openings_on_their_way_and_between_burst
 
 def test_a_step_whose_openings_wait_for_a_later_step_tells_them_too(client):
     worker = VerifyWorker(client=client, engine=TorchEngine(build_tiny_llama(0)), worker_id="verify-w", pool="cpu",
-                          scheduler=SchedulerSettings(max_batch_size=1))
+                          scheduler=SchedulerSettings(max_batch_tokens=len(PROMPT),
+                                                      prefill_only_batch_tokens=len(PROMPT)))  # one prompt a step
     for request_id in "ab":
         submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
     worker._admit([(opening(request_id).encode(), True) for request_id in "ab"])

@@ -14,7 +14,8 @@ def test_a_queued_block_is_a_new_session_once_per_request_unless_held_or_a_relea
     assert new_sessions([], ["held"]) == 0
 
 
-def test_the_rows_told_are_the_steps_and_every_opening_on_its_way():
-    assert told_rows(1, 0, 7) == 8
-    assert told_rows(4, 12, 0) == 16
-    assert told_rows(3, 0, 0) == 3
+def test_the_rows_told_are_the_steps_and_every_opening_on_its_way_up_to_a_steps_rows():
+    assert told_rows(1, 0, 7, max_rows=32) == 8
+    assert told_rows(4, 12, 0, max_rows=32) == 16
+    assert told_rows(3, 0, 0, max_rows=32) == 3
+    assert told_rows(4, 30, 10, max_rows=32) == 32  # a burst larger than a step: the rest wait for later steps
