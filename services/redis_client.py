@@ -80,13 +80,14 @@ def open_session(client: redis.Redis, request_id: str, instance: str, lease_ttl_
 
 
 def _last_verdict(answers: list[bytes]) -> Verdict | None:
-    """The last verdict among a request's own list (its BlockTaken notes and verdicts); a bad one is none."""
+    """The last verdict a verify worker made among a request's own list (its BlockTaken notes and verdicts): not a
+    resync (answered from the stream, worker_id "", telling no load), nor a bad message."""
     for raw in reversed(answers):
         try:
             message = decode_one_of(raw, (Verdict, BlockTaken))
         except ProtocolError:
             continue
-        if isinstance(message, Verdict):
+        if isinstance(message, Verdict) and message.worker_id:
             return message
     return None
 

@@ -125,6 +125,7 @@ class VerifyWorker:
         self.sessions = SessionTable(engine, merging)
         self.commits = StreamCommits(client, self.sessions, worker_id, recorder)  # verify_worker/commits.py
         self._outage = False
+        self._carried: list[tuple[DraftBlock, bool]] = []  # blocks popped by a step that failed after: next intake
         self._expired_at = 0.0
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
         self.figures = WorkerFigures()
@@ -154,7 +155,10 @@ class VerifyWorker:
 
     def turn(self, poll_s: float = 0.5) -> int:
         """One intake, local drafting, batch window and step; returns the rows stepped (0: idle)."""
-        self._admit(self._pop(0.0 if self._ready() or self._local_due() else min(poll_s, self._bridge_wait())))
+        raws = self._pop(0.0 if self._carried or self._ready() or self._local_due()
+                         else min(poll_s, self._bridge_wait()))
+        carried, self._carried = self._carried, []
+        self._admit_blocks(carried + self._decode(raws))
         started = time.perf_counter()
         self._draft_local()
         self._wait_for_expected_blocks()
@@ -220,14 +224,17 @@ class VerifyWorker:
             self._admit(self._pop(left))
 
     # --- intake ---------------------------------------------------------------------------------
-    def _pop(self, timeout_s: float) -> list[tuple[bytes, bool]]:
+    def _pop(self, timeout_s: float, min_room: int = 1) -> list[tuple[bytes, bool]]:
         """Queued blocks, own queue first, each with whether it came from the pool's queue; waits up to
-        timeout_s for the first when nothing is queued."""
-        room = max(1, self.scheduler.max_batch_size - len(self._ready()))
+        timeout_s for the first when nothing is queued. The pool's new sessions only as far as this worker has
+        room (at least min_room)."""
+        room = max(min_room, self.scheduler.max_batch_size - len(self._ready()))
         with self.client.pipeline(transaction=False) as pipe:
             pipe.lpop(self.queues[0], self.scheduler.max_batch_size)
-            pipe.lpop(self.queues[1], room)  # the pool's new sessions only as far as this worker has room
-            own, pooled = pipe.execute()
+            if room:
+                pipe.lpop(self.queues[1], room)
+            replies = pipe.execute()
+        own, pooled = replies[0], replies[1] if room else None
         raws = [(raw, False) for raw in own or []] + [(raw, True) for raw in pooled or []]
         if raws or timeout_s <= 0:
             return raws
@@ -452,13 +459,15 @@ class VerifyWorker:
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
         arriving = self._arrivals() if any(s.drafted_remotely for s in sessions) else []
-        rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving])
-        items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
         try:
+            rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving])
+            items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
             self.commits.publish(items)
             self._continue_chains(sessions)
-        finally:
-            self._admit_blocks(arriving)
+        except BaseException:
+            self._carried = arriving  # taken at the next turn's intake (after an outage: once Redis is back)
+            raise
+        self._admit_blocks(arriving)
         step_s = time.perf_counter() - started
         if all(streaming):  # a bridged round is one streaming token: prefill chunks say nothing of its cost
             self._step_s = smoothed(self._step_s, step_s, weight=0.2)
@@ -478,10 +487,11 @@ class VerifyWorker:
 
     def _arrivals(self) -> list[tuple[DraftBlock, bool]]:
         """Blocks queued during a step, taken once its verdicts are out: the openings among them are load the
-        verdicts tell (verify_worker/told_load.py). Redis away: none (they wait in their queues), and the step's
-        commits meet the outage as before, its sessions' rounds applied."""
+        verdicts tell (verify_worker/told_load.py). The pool's only as far as this worker has room after the step
+        (none when full: another worker may take them). Redis away: none (they wait in their queues), and the
+        step's commits meet the outage as before, its sessions' rounds applied."""
         try:
-            return self._decode(self._pop(0.0))
+            return self._decode(self._pop(0.0, min_room=0))
         except redis.RedisError:
             return []
 

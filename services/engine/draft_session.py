@@ -106,9 +106,10 @@ class DraftSession:
         """max_plain_rounds: target-only rounds one block may ask for (fewer when a block costs no round trip:
         the controller looks at the load again after each block). sees_load False: the block-length
         controller decides as for a lone stream, by acceptance and the draft's cost alone (co-located drafting
-        decides for the load itself, with gamma_cap, from turns measured at that load). told: the verdict of the
-        last round in `events`, when known (its opening's, answered before the session started): the load its
-        verify worker told then, instead of the last any session of this draft worker heard."""
+        decides for the load itself, with gamma_cap, from turns measured at that load). told: its opening's
+        verdict, answered before the session started: the load its verify worker told then, instead of the last
+        any session of this draft worker heard; taken only while it answers the last round in `events` (a session
+        resumed later, after a failover, starts from what this draft worker heard last)."""
         self.spec = spec
         self.request_id = spec.request_id
         self.max_plain_rounds = max_plain_rounds
@@ -128,7 +129,8 @@ class DraftSession:
         explore = recent.explore() if recent is not None and self.drafter is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
         self.sampling = spec.sampling
-        if told is not None:  # its own verify worker's word, newer than what other sessions heard before it
+        if told is not None and told.round + max(1, told.num_rounds) == len(events):
+            # its last round's verdict: its own verify worker's word, newer than what other sessions heard before
             self._observe_load(told.batch_rows, draft_sessions, told.load_arm)
         elif recent is not None:
             # the first block meets the pool's current load, and the draft worker's (a burst of new sessions

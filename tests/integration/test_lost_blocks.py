@@ -12,7 +12,7 @@ import redis
 from draft_worker import driver as driver_module
 from draft_worker.driver import SessionFailed
 from services.models.drafters import DraftSource
-from services.protocol import DraftBlock, SessionSpec, verify_pool_queue
+from services.protocol import SessionSpec, verify_pool_queue
 from services.redis_client import read_events
 from tests.conftest import build_tiny_llama
 from tests.integration.fleet import VerifyThread, draft_runtime, output_tokens, reference, submit_spec
@@ -101,20 +101,19 @@ def test_a_block_a_live_worker_dropped_is_sent_to_it_again_and_the_output_is_the
     spec = SessionSpec(request_id="dropped-once", prompt_ids=PROMPT, max_new_tokens=20, ignore_eos=True)
     submit_spec(client, spec)
     worker = VerifyThread(client, target)
-    admit = worker.worker._admit
+    admit = worker.worker._admit_blocks  # where every popped block goes
     dropped: list[int] = []
 
-    def admit_but_drop_one(raws):
+    def admit_but_drop_one(arrived):
         kept = []
-        for raw, pooled in raws:
-            block = DraftBlock.decode(raw)
+        for block, pooled in arrived:
             if not dropped and block.round >= 2 and not block.release:
                 dropped.append(block.round)
             else:
-                kept.append((raw, pooled))
+                kept.append((block, pooled))
         admit(kept)
 
-    worker.worker._admit = admit_but_drop_one
+    worker.worker._admit_blocks = admit_but_drop_one
     summary = drive_then_close(runtime, spec, worker)
     figures = runtime.driver.meter.figures()  # what the heartbeat says of it
     assert len(dropped) == 1 and figures.resent_blocks >= 1 and figures.failed_over_blocks == 0, figures
@@ -156,13 +155,13 @@ def test_a_block_still_in_its_busy_workers_queue_is_not_sent_again(client, targe
     pop = worker.worker._pop
     pause = {"until": None, "popped": 0}
 
-    def pop_with_a_pause(timeout_s):
+    def pop_with_a_pause(timeout_s, min_room=1):
         if pause["until"] is None and pause["popped"] >= 2:  # two blocks in: the next one waits in the queue
             pause["until"] = time.monotonic() + 1.5
         if pause["until"] is not None and time.monotonic() < pause["until"]:
             time.sleep(0.05)
             return []
-        raws = pop(timeout_s)
+        raws = pop(timeout_s, min_room)
         pause["popped"] += len(raws)
         return raws
 

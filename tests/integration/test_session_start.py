@@ -60,8 +60,10 @@ def test_open_session_brings_the_opening_verdict_answered_before_the_session_sta
     submit_spec(client, spec)
     verdict = Verdict(request_id=spec.request_id, round=0, num_committed=len(PROMPT) + 1, num_draft_tokens=0,
                       num_accepted=0, committed_ids=[7], batch_rows=9, load_arm="plain", worker_id="verify-w")
+    resync = Verdict(request_id=spec.request_id, round=0, num_committed=len(PROMPT) + 1, num_draft_tokens=0,
+                     num_accepted=0, committed_ids=[7], worker_id="")  # round 0 sent again: answered from the stream
     client.rpush(protocol.verdict_queue(spec.request_id), BlockTaken(spec.request_id, 0, "verify-w").encode(),
-                 b"not a message", verdict.encode())
+                 verdict.encode(), b"not a message", resync.encode())
     opened = open_session(client, spec.request_id, protocol.instance_id("draft-a", os.getpid()), 10)
     assert opened.leased and opened.opening == verdict
 

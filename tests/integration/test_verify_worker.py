@@ -762,9 +762,32 @@ def test_a_step_whose_look_at_the_queues_fails_still_commits_its_rounds(client, 
     submit_spec(client, SessionSpec(request_id="a", prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
     worker._admit([(opening("a").encode(), True)])
 
-    def away(timeout_s):
+    def away(timeout_s, min_room=1):
         raise redis.ConnectionError("Redis away for a moment")
 
     worker._pop = away
     assert worker.step() == 1
     assert verdict_of(client, "a").batch_rows == 1 and len(read_events(client, "a")) == 1
+
+
+def test_blocks_taken_from_the_queues_by_a_step_whose_commits_fail_are_admitted_at_the_next_turn(client, worker):
+    for request_id in "ab":
+        submit_spec(client, SessionSpec(request_id=request_id, prompt_ids=PROMPT, max_new_tokens=8, ignore_eos=True))
+    worker._admit([(opening("a").encode(), True)])
+    forward, publish = worker.engine.forward, worker.commits.publish
+
+    def arrives(rows):  # "b" comes in during the step
+        client.rpush(verify_pool_queue("cpu"), opening("b").encode())
+        worker.engine.forward = forward
+        return forward(rows)
+
+    def away(items):
+        worker.commits.publish = publish
+        raise redis.ConnectionError("Redis away for a moment")
+
+    worker.engine.forward, worker.commits.publish = arrives, away
+    with pytest.raises(redis.ConnectionError):
+        worker.step()
+    assert worker.sessions.get("b") is None and not client.llen(verify_pool_queue("cpu"))  # popped, held back
+    turn_until(worker, lambda: verdict_of(client, "b"))
+    assert worker.sessions.get("b") is not None

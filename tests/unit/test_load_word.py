@@ -218,3 +218,7 @@ def test_a_session_started_after_its_opening_was_answered_hears_that_verdict_not
     session = started(opening)
     assert session.controller.rows == 13 and session.draft_call() is None
     assert session.next_block().num_rounds == WORD_PLAIN_ROUNDS
+    # resumed later (a failover at round 2): the opening's verdict is old news, what the others heard holds
+    events.append(OutputEvent(request_id="r", seq=1, token_ids=[1], num_output_tokens=2))
+    later = started(opening)
+    assert later.controller.rows == 1 and later.draft_call() is not None
