@@ -132,7 +132,7 @@ class DraftRuntime:
                             reply_to=protocol.draft_inbox(self.worker_id),
                             pipelined=self.settings.worker.pipelined_drafting,
                             recent=self.recent, draft_sessions=self.driver.num_sessions + 1,
-                            told=opening if events else None)
+                            told=opening)
 
 
 _RUNTIME_LOCK = threading.Lock()

@@ -458,9 +458,11 @@ class VerifyWorker:
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
-        arriving = self._arrivals() if any(s.drafted_remotely for s in sessions) else []
+        remote = any(s.drafted_remotely for s in sessions)
+        arriving = self._arrivals() if remote else []
         try:
-            rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving])
+            rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving]) if remote \
+                else (len(sessions), load)
             items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
             self.commits.publish(items)
             self._continue_chains(sessions)
@@ -496,10 +498,8 @@ class VerifyWorker:
             return []
 
     def _told_load(self, sessions: list[VerifySession], load: int, arriving: list[DraftBlock]) -> tuple[int, int]:
-        """The rows and the load (for the word) a step's verdicts tell: the step's own when it has no remote
-        speculative session (co-located drafting, the plain route); else with the openings on their way."""
-        if not arriving and not any(s.drafted_remotely for s in sessions):
-            return len(sessions), load
+        """The rows and the load (for the word) the verdicts of a step with a remote speculative session tell: with
+        the openings on their way (a step without one, co-located drafting or the plain route, tells its own)."""
         queued = new_sessions(arriving, (session.request_id for session in self.sessions))
         waiting = openings_waiting(self.sessions, {session.request_id for session in sessions})
         return told_rows(len(sessions), waiting, queued, self.scheduler.max_batch_size), load + queued
