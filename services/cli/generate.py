@@ -78,6 +78,7 @@ def generate(
 
     from services.engine import GenerationOptions
     from services.engine import generate as run_generate
+    from services.engine.context import check_request_fits
     from services.models.drafters import load_draft_source
     from services.models.loading import load_model
     from services.models.progress import loading_progress
@@ -95,6 +96,11 @@ def generate(
                 device=settings.device,
                 cache_dir=settings.cache_dir,
             )
+            if target_model.tokenizer is None:
+                raise ValueError(f"target {target_model.name!r} has no tokenizer; it cannot take a text prompt")
+            prompt_ids = encode_prompt(target_model.tokenizer, prompt, chat=chat)
+            # a prompt that cannot fit is refused before the draft loads (and its engine is checked)
+            check_request_fits(target_model.name, target_model.max_context, len(prompt_ids), max_new_tokens)
             progress.stage(f"loading draft {draft_spec}")
             draft_source = load_draft_source(
                 draft_spec,
@@ -105,9 +111,6 @@ def generate(
                 llamacpp=settings.llamacpp,
                 cache_dir=settings.cache_dir,
             )
-        if target_model.tokenizer is None:
-            raise ValueError(f"target {target_model.name!r} has no tokenizer; it cannot take a text prompt")
-        prompt_ids = encode_prompt(target_model.tokenizer, prompt, chat=chat)
         options = GenerationOptions(
             sampling=sampling,
             max_new_tokens=max_new_tokens,
