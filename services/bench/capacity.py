@@ -115,6 +115,14 @@ def headline(found: list[Capacity]) -> dict:
     return {f"capacity {row.mode}": describe_capacity(row) for row in found}
 
 
+def capacity_figure(value) -> float:
+    """A level's capacity as its row wrote it ("8", ">= 16"), or its turns' (services/bench/turns.py: "8 / 16"):
+    the median."""
+    import statistics
+
+    return statistics.median(float(part.strip().removeprefix(">= ")) for part in str(value).split("/"))
+
+
 def plot_capacity_vs_link(levels: list[tuple[str, dict]], target: CapacityTarget, path: Path) -> Path | None:
     """levels: (link label, its headline); capacity per mode against the link's RTT."""
     series: dict[str, list[tuple[float, float]]] = {}
@@ -122,8 +130,7 @@ def plot_capacity_vs_link(levels: list[tuple[str, dict]], target: CapacityTarget
         rtt = float(label.split(":")[0].split("j")[0])
         for key, value in figures.items():
             if key.startswith("capacity "):
-                series.setdefault(key.removeprefix("capacity "), []).append(
-                    (rtt, float(str(value).removeprefix(">= "))))
+                series.setdefault(key.removeprefix("capacity "), []).append((rtt, capacity_figure(value)))
     if not series:
         return None
     import matplotlib

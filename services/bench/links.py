@@ -7,6 +7,8 @@ control.py), runs into `<out>/link-<level>/`, and reads what the draft
 workers measured meanwhile: the transport and round trip of every round of
 that level's sessions, and their Redis RTT. The link goes back to what it
 was at the end. `links.md` and `links.json` hold the levels side by side.
+With `--link-turns N` the levels are taken in turn N times, so the box's
+drift falls on all of them alike (services/bench/turns.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.bench.stack_client import new_samples, sample_list
+from services.bench.turns import median_headline, rate_keys, turn_ratios, turns_markdown
 from services.link.control import read_link, set_link, wait_link
 from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY
@@ -61,34 +64,56 @@ def find_draft_link(redis_url: str) -> LinkSpec:
     return LinkSpec(status.rtt_ms, status.jitter_ms)
 
 
-def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path,
-                    run_level: Callable[[Path], dict], progress=print) -> tuple[list[LinkLevel], list[Path]]:
-    """run_level(folder) runs the bench once into folder and returns its headline figures."""
+def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path, run_level: Callable[[Path], dict],
+                    progress=print, turns: int = 1) -> tuple[list[LinkLevel], list[Path]]:
+    """run_level(folder) runs the bench once into folder and returns its headline figures. turns > 1: the
+    levels taken in turn that many times (0, 20, 0, 20, ...; services/bench/turns.py), each turn into
+    link-<level>/turn-<n>/; a level's figures are the median of its turns, its samples those of all its turns."""
     client = connect(redis_url)
     original = find_draft_link(redis_url)
-    rows = []
+    headlines: dict[LinkSpec, list[dict]] = {level: [] for level in levels}
+    samples: dict[LinkSpec, tuple[list[float], list[float]]] = {level: ([], []) for level in levels}
+    rtts: dict[LinkSpec, float | None] = {}
     try:
-        for level in levels:
-            set_link(client, DRAFT_LINK, level, set_by="bench")
-            wait_link(client, DRAFT_LINK, level)
-            progress(f"draft link {level.label()} ({level.describe()})")
-            folder = out_dir / f"link-{level.label().replace(':', 'j')}"
-            before = {key: len(sample_list(client, key)) for key in (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY)}
-            headline = run_level(folder)
-            _settle(client, level)
-            transport, round_trip = (new_samples(before[key], sample_list(client, key))
-                                     for key in (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY))
-            rows.append(LinkLevel(link=level.label(), headline=headline, rounds=len(transport),
-                                  transport_ms_p50=percentile(transport, 0.5),
-                                  transport_ms_p99=percentile(transport, 0.99),
-                                  round_trip_ms_p50=percentile(round_trip, 0.5),
-                                  round_trip_ms_p99=percentile(round_trip, 0.99),
-                                  redis_rtt_ms=_draft_rtt_ms(client), out=str(folder)))
+        for turn in range(turns):
+            for level in levels:
+                set_link(client, DRAFT_LINK, level, set_by="bench")
+                wait_link(client, DRAFT_LINK, level)
+                progress(f"draft link {level.label()} ({level.describe()})"
+                         + (f", turn {turn + 1} of {turns}" if turns > 1 else ""))
+                folder = out_dir / f"link-{level.label().replace(':', 'j')}"
+                folder = folder / f"turn-{turn + 1}" if turns > 1 else folder
+                keys = (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY)
+                before = {key: len(sample_list(client, key)) for key in keys}
+                headlines[level].append(run_level(folder))
+                _settle(client, level)
+                for pooled, key in zip(samples[level], keys):
+                    pooled.extend(new_samples(before[key], sample_list(client, key)))
+                rtts[level] = _draft_rtt_ms(client)
     finally:
         set_link(client, DRAFT_LINK, original, set_by="bench")  # as it was before the bench
+    rows = []
+    for level in levels:
+        transport, round_trip = samples[level]
+        extra = {}
+        if turns > 1:
+            first = headlines[levels[0]]
+            extra = {"turns": headlines[level], "ratios": {
+                key: turn_ratios(first, headlines[level], key) for key in rate_keys([first, headlines[level]])}}
+        folder = out_dir / f"link-{level.label().replace(':', 'j')}"
+        rows.append(LinkLevel(link=level.label(), headline=median_headline(headlines[level]), rounds=len(transport),
+                              transport_ms_p50=percentile(transport, 0.5),
+                              transport_ms_p99=percentile(transport, 0.99),
+                              round_trip_ms_p50=percentile(round_trip, 0.5),
+                              round_trip_ms_p99=percentile(round_trip, 0.99),
+                              redis_rtt_ms=rtts.get(level), out=str(folder), extra=extra))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "links.json").write_text(json.dumps({"levels": [asdict(row) for row in rows]}, indent=1))
-    (out_dir / "links.md").write_text(links_markdown(rows))
+    (out_dir / "links.json").write_text(json.dumps({"turns": turns, "levels": [asdict(row) for row in rows]},
+                                                   indent=1))
+    table = links_markdown(rows, turns)
+    if turns > 1:
+        table += turns_markdown([level.label() for level in levels], [headlines[level] for level in levels])
+    (out_dir / "links.md").write_text(table)
     return rows, [out_dir / "links.json", out_dir / "links.md"]
 
 
@@ -99,7 +124,7 @@ def _settle(client, level: LinkSpec) -> None:
     since = time.time()
     while time.monotonic() < deadline:
         beats = [beat for beat in read_heartbeats(client) if beat.role == "draft"]
-        if beats and all(beat.sent_at > since and beat.num_sessions == 0 for beat in beats):
+        if all(beat.sent_at > since and beat.num_sessions == 0 for beat in beats):  # none: nothing to wait for
             break
         time.sleep(0.2)
     time.sleep((level.rtt_ms + level.jitter_ms) / 1000 + 0.2)
@@ -111,7 +136,7 @@ def _draft_rtt_ms(client) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
 
 
-def links_markdown(rows: list[LinkLevel]) -> str:
+def links_markdown(rows: list[LinkLevel], turns: int = 1) -> str:
     keys = list(dict.fromkeys(key for row in rows for key in row.headline))
 
     def cell(value) -> str:
@@ -126,5 +151,6 @@ def links_markdown(rows: list[LinkLevel]) -> str:
             f"{cell(row.transport_ms_p50)} / {cell(row.transport_ms_p99)}", str(row.rounds)]) + " |")
     lines.append("\nround trip: block sent -> verdict seen, on the draft worker's clock; transport: round trip less "
                  "the verify worker's own time for the block and the draft driver's time on other work (a lower "
-                 "bound). Each level's own report is in its folder.")
+                 "bound). Each level's own report is in its folder"
+                 + (f" (one per turn; the figures above are the median of the {turns} turns)." if turns > 1 else "."))
     return "\n".join(lines) + "\n"

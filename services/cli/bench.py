@@ -47,6 +47,7 @@ def bench(
     max_prompt_chars: Annotated[int | None, typer.Option("--max-prompt-chars", min=1, help="only prompts at most this long")] = None,
     merging: Annotated[bool, typer.Option("--merging", help="similar-request merging through the stack at --url: TTFT sharing a ~1,000-token prefix against cold, 8 identical requests against one, unrelated prompts against --baseline-url (a stack with merging off)")] = False,
     draft_link: Annotated[str | None, typer.Option("--draft-link", metavar="RTT_MS[:JITTER_MS],...", help="the bench once per level, the stack's draft workers behind a link of that RTT (and jitter), side by side in <out>/links.md; the stack must run a draft link (mirror-sd up --draft-link 0)")] = None,
+    link_turns: Annotated[int, typer.Option("--link-turns", min=1, help="with --draft-link: the levels taken in turn this many times (0,20,0,20,...) so the box's drift falls on every level alike; each level's figures are the median of its turns, and links.md adds each level over the first, turn by turn")] = 1,
     capacity: Annotated[str | None, typer.Option("--capacity", metavar="TOK_S|itl:MS", help="verifier capacity: the streams in flight each still getting this many tokens/s (10) or an ITL p50 of at most this (itl:100), per mode, from a concurrency bench (levels default 1,2,4,8,16,32, modes stack,stack-ar); with --draft-link, against RTT (capacity.png)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
@@ -63,6 +64,8 @@ def bench(
 
     settings = get_settings()
     levels = _parse_link_levels(draft_link, merging, redis_url or settings.redis_url)
+    if link_turns > 1 and levels is None:
+        fail(f"--link-turns {link_turns}: takes link levels in turn; give them with --draft-link (e.g. 0,20)")
     if merging:
         _bench_merging(prompts=prompts, url=url, baseline_url=baseline_url, api_key=api_key,
                        redis_url=redis_url or settings.redis_url, model=target or settings.target, out=out)
@@ -85,7 +88,7 @@ def bench(
             max_prompt_chars=max_prompt_chars, levels=concurrency, requests=requests, max_new_tokens=max_new_tokens,
             threads=threads, chat=chat, url=url, baseline_url=baseline_url, api_key=api_key, redis_url=redis_url,
             repeat=repeat, warmup=warmup, linked=levels is not None, capacity_target=capacity_target)
-        _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out),
+        _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out), turns=link_turns,
                     on_levels=_capacity_plot(capacity_target, Path(out)) if capacity_target else None)
         return
     if block_policy is not None:
@@ -124,7 +127,7 @@ def bench(
             typer.echo(f"MISMATCH {mode}: greedy output differs from ar on {', '.join(ids)}", err=True)
         return _stack_headline(folder / "results.json"), bool(outcome.mismatches)
 
-    _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out))
+    _run_levels(run_level, levels, redis_url or settings.redis_url, Path(out), turns=link_turns)
 
 
 def _parse_link_levels(text: str | None, merging: bool, redis_url: str):
@@ -159,9 +162,9 @@ def _capacity_plot(target, out):
     return plot
 
 
-def _run_levels(run_level, levels, redis_url: str, out, on_levels=None):
-    """The bench once (levels None) or once per draft link level, side by side (then on_levels(rows)); exit 1
-    on a greedy mismatch."""
+def _run_levels(run_level, levels, redis_url: str, out, on_levels=None, turns: int = 1):
+    """The bench once (levels None) or once per draft link level (`turns` times, in turn), side by side (then
+    on_levels(rows)); exit 1 on a greedy mismatch."""
     if levels is None:
         failed = run_level(out)[1]
     else:
@@ -176,7 +179,7 @@ def _run_levels(run_level, levels, redis_url: str, out, on_levels=None):
 
         try:
             rows, files = run_link_levels(levels, redis_url=redis_url, out_dir=out, run_level=one_level,
-                                          progress=lambda line: typer.echo(line, err=True))
+                                          progress=lambda line: typer.echo(line, err=True), turns=turns)
         except RuntimeError as exc:
             fail(str(exc))
         typer.echo(files[1].read_text())
@@ -272,7 +275,9 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
         except (ValueError, RuntimeError, MirrorSDError) as exc:
             fail(str(exc))
         typer.echo(Path(files[1]).read_text())
-        headline = {f"C={row.concurrency} tok/s": row.tokens_per_s for row in rows if row.mode == "stack"}
+        # the stack's rate per level, and any other mode's beside it (the plain route: stack-ar tok/s)
+        headline = {f"C={row.concurrency} {'' if row.mode == 'stack' else row.mode + ' '}tok/s": row.tokens_per_s
+                    for row in rows if row.mode in ("stack", "stack-ar", "baseline")}
         if capacity_target is not None:
             from services.bench import capacity
 

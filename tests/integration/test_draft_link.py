@@ -101,6 +101,38 @@ def _draft_beat(client: redis.Redis, rounds: int, timeout_s: float = 20) -> Hear
 
 
 @pytest.mark.slow
+def test_the_bench_takes_link_levels_in_turn_and_puts_the_link_back(clean_redis, redis_url, tmp_path):
+    from services.bench.links import run_link_levels
+
+    log = open(tmp_path / "link.log", "w")
+    link = subprocess.Popen(_cli("link", "5", "--to", redis_url, "--port", str(free_port())), stdout=log,
+                            stderr=subprocess.STDOUT)
+    seen = []
+
+    def run_level(folder):  # what the bench would measure: slower at 30 ms, and the box slows turn by turn
+        rtt = read_link(clean_redis, DRAFT_LINK).rtt_ms
+        seen.append((rtt, folder.relative_to(tmp_path / "out").as_posix()))
+        return {"stack tok/s": (30.0 if rtt == 0 else 27.0) / len(seen) ** 0.5, "acceptance": 0.9}
+
+    try:
+        wait_link(clean_redis, DRAFT_LINK, LinkSpec(5), timeout_s=30)
+        rows, files = run_link_levels([LinkSpec(0), LinkSpec(30)], redis_url=redis_url, out_dir=tmp_path / "out",
+                                      run_level=run_level, progress=lambda line: None, turns=3)
+        assert seen == [(0, "link-0/turn-1"), (30, "link-30/turn-1"), (0, "link-0/turn-2"),
+                        (30, "link-30/turn-2"), (0, "link-0/turn-3"), (30, "link-30/turn-3")]
+        wait_link(clean_redis, DRAFT_LINK, LinkSpec(5))  # as it was
+        # within a turn 30 ms ran a little after 0 ms on a slowing box: 0.9 of it and a bit less
+        ratios = rows[1].extra["ratios"]["stack tok/s"]
+        assert all(0.6 < ratio < 0.9 for ratio in ratios) and rows[0].headline["acceptance"] == 0.9, rows
+        assert rows[1].headline["stack tok/s"] == sorted(turn["stack tok/s"] for turn in rows[1].extra["turns"])[1]
+        table = files[1].read_text()
+        assert "median of the 3 turns" in table and "| stack tok/s: draft link | turn 1 | turn 2 | turn 3 |" in table
+    finally:
+        link.send_signal(signal.SIGTERM)
+        link.wait(timeout=15)
+        log.close()
+
+
 def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, redis_url, tmp_path):
     port = free_port()
     env = {**os.environ, "MIRROR_SD_REDIS_URL": redis_url,
@@ -149,17 +181,21 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         assert "draft link: 127.0.0.1:" in status.stdout and "RTT 20 ms" in status.stdout, status.stdout
         assert "round trip p50/p99" in status.stdout, status.stdout
 
-        bench = subprocess.run(_cli("bench", "--modes", "stack", "--limit", "1", "-n", "16", "--warmup", "0",
+        bench = subprocess.run(_cli("bench", "--modes", "stack", "--limit", "1", "-n", "8", "--warmup", "0",
                                     "--url", f"http://127.0.0.1:{port}", "--redis-url", redis_url,
-                                    "--draft-link", "0,40", "--out", str(tmp_path / "bench"), "--no-progress"),
-                               env=env, capture_output=True, text=True, timeout=400)
+                                    "--draft-link", "0,40", "--link-turns", "2", "--out", str(tmp_path / "bench"),
+                                    "--no-progress"), env=env, capture_output=True, text=True, timeout=400)
         assert bench.returncode == 0, bench.stdout + bench.stderr
-        levels = json.loads((tmp_path / "bench" / "links.json").read_text())["levels"]
-        assert [level["link"] for level in levels] == ["0", "40"]
+        links = json.loads((tmp_path / "bench" / "links.json").read_text())
+        levels = links["levels"]
+        assert links["turns"] == 2 and [level["link"] for level in levels] == ["0", "40"]
         assert all(level["rounds"] > 0 and level["headline"]["stack tok/s"] for level in levels), levels
         assert levels[1]["transport_ms_p50"] >= 35 and levels[1]["round_trip_ms_p50"] >= 40, levels
-        assert (tmp_path / "bench" / "link-40" / "results.json").is_file()
+        assert len(levels[1]["extra"]["ratios"]["stack tok/s"]) == 2, levels[1]
+        assert all((tmp_path / "bench" / f"link-{level}" / f"turn-{turn}" / "results.json").is_file()
+                   for level in (0, 40) for turn in (1, 2))
         assert "| draft link (RTT[:jitter] ms) |" in bench.stdout
+        assert "| stack tok/s: draft link | turn 1 | turn 2 | median |" in bench.stdout, bench.stdout
         wait_link(clean_redis, DRAFT_LINK, LinkSpec(20))  # the bench put the link back as it was
 
         assert_up_stops_cleanly(up)

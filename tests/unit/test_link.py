@@ -139,6 +139,8 @@ def test_a_round_trip_starts_where_the_block_was_pushed():
     (["bench", "--draft-link", "0,abc"], "Error: --draft-link: 'abc': RTT 'abc' is not a number"),
     (["bench", "--draft-link", "20", "--merging"], "not with --merging"),
     (["bench", "--draft-link", "0,20"], "--draft-link: cannot read the stack's Redis at redis://127.0.0.1:1/0"),
+    (["bench", "--concurrency", "1", "--link-turns", "3"], "--link-turns 3: takes link levels in turn; give them"),
+    (["bench", "--draft-link", "0,20", "--link-turns", "0"], "Invalid value for '--link-turns'"),
 ])
 def test_the_cli_refuses_a_bad_link_before_starting_anything(args, message, monkeypatch):
     from services.config import get_settings
