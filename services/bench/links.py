@@ -32,6 +32,7 @@ from services.speculative.stats import percentile
 logger = logging.getLogger(__name__)
 
 SETTLE_TIMEOUT_S = 15.0
+SAMPLE_KEYS = (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY)  # what the draft workers measured, per round
 
 
 @dataclass
@@ -81,13 +82,11 @@ def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path, ru
                 wait_link(client, DRAFT_LINK, level)
                 progress(f"draft link {level.label()} ({level.describe()})"
                          + (f", turn {turn + 1} of {turns}" if turns > 1 else ""))
-                folder = out_dir / f"link-{level.label().replace(':', 'j')}"
-                folder = folder / f"turn-{turn + 1}" if turns > 1 else folder
-                keys = (TRANSPORT_SAMPLES_KEY, ROUND_TRIP_SAMPLES_KEY)
-                before = {key: len(sample_list(client, key)) for key in keys}
-                headlines[level].append(run_level(folder))
+                folder = _folder(out_dir, level)
+                before = {key: len(sample_list(client, key)) for key in SAMPLE_KEYS}
+                headlines[level].append(run_level(folder / f"turn-{turn + 1}" if turns > 1 else folder))
                 _settle(client, level)
-                for pooled, key in zip(samples[level], keys):
+                for pooled, key in zip(samples[level], SAMPLE_KEYS):
                     pooled.extend(new_samples(before[key], sample_list(client, key)))
                 rtts[level] = _draft_rtt_ms(client)
     finally:
@@ -100,13 +99,12 @@ def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path, ru
             first = headlines[levels[0]]
             extra = {"turns": headlines[level], "ratios": {
                 key: turn_ratios(first, headlines[level], key) for key in rate_keys([first, headlines[level]])}}
-        folder = out_dir / f"link-{level.label().replace(':', 'j')}"
         rows.append(LinkLevel(link=level.label(), headline=median_headline(headlines[level]), rounds=len(transport),
                               transport_ms_p50=percentile(transport, 0.5),
                               transport_ms_p99=percentile(transport, 0.99),
                               round_trip_ms_p50=percentile(round_trip, 0.5),
                               round_trip_ms_p99=percentile(round_trip, 0.99),
-                              redis_rtt_ms=rtts.get(level), out=str(folder), extra=extra))
+                              redis_rtt_ms=rtts.get(level), out=str(_folder(out_dir, level)), extra=extra))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "links.json").write_text(json.dumps({"turns": turns, "levels": [asdict(row) for row in rows]},
                                                    indent=1))
@@ -115,6 +113,10 @@ def run_link_levels(levels: list[LinkSpec], *, redis_url: str, out_dir: Path, ru
         table += turns_markdown([level.label() for level in levels], [headlines[level] for level in levels])
     (out_dir / "links.md").write_text(table)
     return rows, [out_dir / "links.json", out_dir / "links.md"]
+
+
+def _folder(out_dir: Path, level: LinkSpec) -> Path:
+    return out_dir / f"link-{level.label().replace(':', 'j')}"
 
 
 def _put_back(client, original: LinkSpec) -> None:
