@@ -244,7 +244,8 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
         try:
             summary = runtime.driver.drive(session, tick, every_s=LEASE_TTL_S / 4, on_started=started)
         except SessionFailed as exc:
-            _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc))
+            _record(runtime, request_id, status="failed", error=str(exc), finished_at=datetime.now(timezone.utc),
+                    recorded_by=crud.RECORDED_BY_DRIVER)
             raise
         finally:
             relay_ended.set()
@@ -277,6 +278,7 @@ def drive_session(runtime: DraftRuntime, request_id: str) -> dict:
             plain_reason=summary.plain_reason,
             first_token_at=_utc(summary.first_token_at),
             finished_at=datetime.now(timezone.utc),
+            recorded_by=crud.RECORDED_BY_DRIVER,
         )
         return result
     finally:

@@ -39,7 +39,8 @@ class Recorder(threading.Thread):
             "status": status, "finish_reason": "error" if error else summary.finish_reason, "error": error,
             "completion_tokens": num_output_tokens, **summary.stats.row_counters(),
             "plain_reason": summary.plain_reason,
-            "first_token_at": _utc(summary.first_token_at), "finished_at": datetime.now(timezone.utc)}))
+            "first_token_at": _utc(summary.first_token_at), "finished_at": datetime.now(timezone.utc),
+            "recorded_by": crud.RECORDED_BY_DRIVER}))
 
     def close(self) -> None:
         self._queue.put(None)

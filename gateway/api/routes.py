@@ -60,6 +60,7 @@ def _request_view(row) -> dict:
             "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
             "transport_ms_p50": row.transport_ms_p50,
             "plain_reason": row.plain_reason,
+            "recorded_by": row.recorded_by,
         },
     }
 

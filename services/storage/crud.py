@@ -105,6 +105,10 @@ def update_request(*, session: Session, request_id: str, **fields: Any) -> Reque
 
 
 CLIENT_ENDED = "cancelled"  # a status its client set (DELETE, or gone before the work started): no worker's undoes it
+# who wrote a request's ending (its recorded_by): its session's driver, with the figures only the driver has, or
+# whoever read the stream's last event first (a gateway, a task that found the request finished)
+RECORDED_BY_DRIVER = "driver"
+RECORDED_BY_STREAM = "stream"
 
 
 def record_work(*, session: Session, request_id: str, **fields: Any) -> None:
@@ -142,7 +146,7 @@ def close_from_last_event(*, session: Session, request_id: str, last: Any, **fie
     return close_if_open(session=session, request_id=request_id, status=status, finish_reason=reason,
                          completion_tokens=last.num_output_tokens, **last.stats.row_counters(),
                          error=last.error if status == "failed" else None, finished_at=datetime.now(timezone.utc),
-                         **fields)
+                         recorded_by=RECORDED_BY_STREAM, **fields)
 
 
 def close_if_open(*, session: Session, request_id: str, **fields: Any) -> bool:

@@ -163,7 +163,7 @@ def test_a_task_that_finds_its_request_finished_closes_the_row_its_driver_left_o
         with runtime.db() as session:
             opened, closed = (crud.get_request(session=session, request_id=r) for r in ("ended-open", "ended-closed"))
             assert (opened.status, opened.finish_reason, opened.completion_tokens) == ("finished", "stop", 3)
-            assert opened.finished_at is not None
-            assert (closed.status, closed.completion_tokens) == ("finished", 2)
+            assert opened.finished_at is not None and opened.recorded_by == crud.RECORDED_BY_STREAM
+            assert (closed.status, closed.completion_tokens, closed.recorded_by) == ("finished", 2, None)
     finally:
         runtime.close()

@@ -262,14 +262,16 @@ def test_the_request_record_counts_the_tokens_its_client_got(stack, client, dev_
 
 
 def test_request_status_has_timings_and_stats(stack, client):
-    # The gateway closes the row from the stream's last event as it answers; the draft worker's record, with the
-    # figures only the draft has (its measured trips), follows when its task ends and overwrites it
-    # (gateway/sessions/ending.py). Seeded sampling does not bridge (services/speculative/bridging.py): no block of
-    # this short request is answered by a bridge before the draft measured a trip.
+    # The gateway closes the row from the stream's last event as it answers (recorded_by "stream"); the draft
+    # worker's record, with the figures only the draft has (its measured trips), follows when its task ends and
+    # overwrites it (recorded_by "driver"; gateway/sessions/ending.py). Seeded sampling does not bridge
+    # (services/speculative/bridging.py): no block of this short request is answered by a bridge before the draft
+    # measured a trip.
     request = chat_body("Name a fruit.", max_tokens=16, temperature=0.8, seed=7)
     body = client.post("/v1/chat/completions", json=request).json()
-    status = wait_for(lambda: (lambda s: s if s["status"] == "finished" and s["mirror_sd"]["transport_ms_p50"]
-                               is not None else None)(client.get(f"/v1/requests/{body['id']}").json()))
+    status = wait_for(lambda: (lambda s: s if s["mirror_sd"]["recorded_by"] == "driver" else None)(
+        client.get(f"/v1/requests/{body['id']}").json()))
+    assert status["status"] == "finished" and status["mirror_sd"]["transport_ms_p50"] is not None
     assert status["queued_at"] <= status["started_at"] <= status["finished_at"]
     assert status["completion_tokens"] == body["usage"]["completion_tokens"]
     assert client.get("/v1/requests/cmpl-nope").status_code == 404

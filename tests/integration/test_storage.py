@@ -101,7 +101,8 @@ def test_a_row_its_draft_worker_left_open_is_closed_from_the_last_event_its_gate
     """A draft worker killed mid-request leaves its row running (or queued, when it never opened the session);
     the verify worker finishes the session on its own, and the gateway that read the last event closes the row
     from it. A row its driver closed keeps its driver's record, and a task opening the session later does not
-    open the row again."""
+    open the row again. Each row says who wrote its ending; a driver's record arriving after the stream's ending
+    (the driver was slow, not dead) replaces it."""
     import asyncio
     from types import SimpleNamespace
 
@@ -116,7 +117,9 @@ def test_a_row_its_draft_worker_left_open_is_closed_from_the_last_event_its_gate
                                 api_key_id=None)
         crud.record_work(session=session, request_id="cmpl-running", status="running")
         crud.record_work(session=session, request_id="cmpl-driven", status="finished", finish_reason="stop",
-                         completion_tokens=40, num_drafts=9, transport_ms_p50=3.5)
+                         completion_tokens=40, num_drafts=9, transport_ms_p50=3.5,
+                         recorded_by=crud.RECORDED_BY_DRIVER)
+        assert crud.get_request(session=session, request_id="cmpl-running").recorded_by is None  # no ending yet
     last = OutputEvent(request_id="", seq=47, token_ids=[1], num_output_tokens=48, finished=True,
                        finish_reason="length", stats=SpecDecodingStats(num_drafts=6, num_draft_tokens=30,
                                                                        num_accepted_tokens=25))
@@ -131,6 +134,12 @@ def test_a_row_its_draft_worker_left_open_is_closed_from_the_last_event_its_gate
             ("finished", "length", 48, 6, 30, 25, True), ("finished", "length", 48, 6, 30, 25, True),
             ("finished", "stop", 40, 9, 0, 0, False)]
         assert rows["cmpl-driven"].transport_ms_p50 == 3.5
+        assert [row.recorded_by for row in rows.values()] == ["stream", "stream", "driver"]
+        crud.record_work(session=session, request_id="cmpl-running", status="finished", finish_reason="length",
+                         completion_tokens=48, transport_ms_p50=2.0, recorded_by=crud.RECORDED_BY_DRIVER)
+        session.expire_all()
+        row = crud.get_request(session=session, request_id="cmpl-running")
+        assert (row.status, row.transport_ms_p50, row.recorded_by) == ("finished", 2.0, "driver")
 
 
 def test_telemetry_snapshots(db):
@@ -141,3 +150,29 @@ def test_telemetry_snapshots(db):
         assert crud.record_snapshots(session=session, rows=[row, {**row, "worker_id": "w2"}]) == 2
         snapshots = crud.list_snapshots(session=session, worker_id="w1")
         assert [(s.temperature_c, s.routing_version) for s in snapshots] == [(90.0, 3)]
+
+
+def test_a_verify_worker_drafting_for_its_own_sessions_records_them_as_their_driver(db):
+    """Placement local: the verify worker drives its sessions, and its recorder thread writes their rows."""
+    from types import SimpleNamespace
+
+    from services.engine.draft_session import SessionSummary
+    from services.speculative.stats import SpecDecodingStats
+    from verify_worker.records import Recorder
+
+    with db() as session:
+        crud.create_request(session=session, request_id="cmpl-local", model="m", endpoint="chat", prompt_tokens=5,
+                            params={}, priority="normal", route="sd", pool="cpu", api_key_id=None)
+    stats = SpecDecodingStats(num_drafts=4, num_draft_tokens=16, num_accepted_tokens=12)
+    summary = SessionSummary("cmpl-local", "length", 20, 5, stats, [], 1.0, 0, plain_reason="cost")
+    recorder = Recorder(db)
+    recorder.start()
+    recorder.started("cmpl-local")
+    recorder.ended(SimpleNamespace(request_id="cmpl-local", summary=lambda: summary), num_output_tokens=19)
+    recorder.close()
+    recorder.join(timeout=10)
+    with db() as session:
+        row = crud.get_request(session=session, request_id="cmpl-local")
+        assert (row.status, row.finish_reason, row.completion_tokens, row.num_drafts, row.num_accepted_tokens,
+                row.plain_reason, row.recorded_by) == ("finished", "length", 19, 4, 12, "cost", "driver")
+        assert row.started_at is not None and row.first_token_at is not None and row.finished_at is not None
