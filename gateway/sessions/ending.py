@@ -27,7 +27,8 @@ def _mark_cancelled(state: GatewayState, request_id: str) -> None:
         row = crud.get_request(session=session, request_id=request_id)
         if row is not None and row.status == "queued":
             crud.update_request(session=session, request_id=request_id, status="cancelled",
-                                finish_reason="cancelled", finished_at=datetime.now(timezone.utc))
+                                finish_reason="cancelled", finished_at=datetime.now(timezone.utc),
+                                recorded_by=crud.RECORDED_BY_CLIENT)
 
 
 async def cancel_request(state: GatewayState, request_id: str) -> None:
@@ -91,7 +92,8 @@ async def close_follower_row(state: GatewayState, request_id: str, *, last: Outp
             crud.update_request(session=session, request_id=request_id, status=status, finish_reason=finish_reason,
                                 completion_tokens=num_tokens, first_token_at=first_token_at,
                                 finished_at=datetime.now(timezone.utc),
-                                error=last.error if last is not None and status == "failed" else None)
+                                error=last.error if last is not None and status == "failed" else None,
+                                recorded_by=crud.RECORDED_BY_CLIENT)
 
     try:
         await asyncio.to_thread(update)

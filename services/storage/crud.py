@@ -105,10 +105,13 @@ def update_request(*, session: Session, request_id: str, **fields: Any) -> Reque
 
 
 CLIENT_ENDED = "cancelled"  # a status its client set (DELETE, or gone before the work started): no worker's undoes it
-# who wrote a request's ending (its recorded_by): its session's driver, with the figures only the driver has, or
-# whoever read the stream's last event first (a gateway, a task that found the request finished)
+# who wrote a request's ending (its recorded_by): its session's driver, with the figures only the driver has;
+# whoever read the stream's last event first (a gateway, a task that found the request finished), which the
+# driver's record replaces if it comes; or its gateway as the client saw it, with no driver's record to come (a
+# merged follower, whose work is on its leader's row; a request cancelled while still queued)
 RECORDED_BY_DRIVER = "driver"
 RECORDED_BY_STREAM = "stream"
+RECORDED_BY_CLIENT = "client"
 
 
 def record_work(*, session: Session, request_id: str, **fields: Any) -> None:

@@ -54,9 +54,9 @@ class Request(Base):
     # why its draft went target-only for a while: cost (no block pays for itself), link (one would, but not with
     # the remote draft's link), acceptance (too low, no cost model); None: it never did
     plain_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    # who wrote the ending: the session's driver (RECORDED_BY_DRIVER, with the figures only it has, e.g. its
-    # transport), or whoever read the stream's last event first (RECORDED_BY_STREAM: the driver's record follows,
-    # or never where the driver died); None: no ending yet
+    # who wrote the ending (crud.RECORDED_BY_*): the session's driver, with the figures only it has (e.g. its
+    # transport); whoever read the stream's last event first (the driver's record follows, or never where the
+    # driver died); or the gateway as its client saw it (a merged follower, a cancel while queued); None: no ending
     recorded_by: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 

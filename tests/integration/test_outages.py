@@ -94,7 +94,8 @@ def test_a_broker_away_past_the_retries_is_a_503_with_retry_after_and_its_opened
     assert opening.round == 0 and client.llen(verify_pool_queue("cpu")) == 1
     assert client.exists(cancel_key(opening.request_id))  # a verify worker taking it stops at its next look
     with session_factory(create_db_engine(settings.database_url))() as session:
-        assert crud.get_request(session=session, request_id=opening.request_id).status == "cancelled"
+        row = crud.get_request(session=session, request_id=opening.request_id)
+        assert (row.status, row.recorded_by) == ("cancelled", crud.RECORDED_BY_CLIENT)  # no driver will follow
 
 
 def test_a_database_away_is_a_503_with_retry_after_and_nothing_of_the_request_is_sent(tmp_path, redis_url):

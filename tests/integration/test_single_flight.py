@@ -269,6 +269,8 @@ def test_identical_greedy_requests_at_once_cost_one_generation(stack, model):
     recorded = rows(stack, [a["id"] for a in answers])
     assert all(recorded[a["id"]]["params"]["merged_into"] == leader_id for a in answers[1:])
     assert all(r["status"] == "finished" and r["completion_tokens"] == MAX_TOKENS for r in recorded.values())
+    # the followers' rows are their gateway's record, with no driver's to follow (the work is on the leader's)
+    assert all(recorded[a["id"]]["mirror_sd"]["recorded_by"] == "client" for a in answers[1:])
     events = httpx.get(f"{stack.base_url}/v1/telemetry").json()["events"]
     assert {e["request_id"] for e in events if e["kind"] == "merged"} == {a["id"] for a in answers[1:]}
     time.sleep(1.6)  # the last token's second is over, and the dashboard's 0.5 s cache
