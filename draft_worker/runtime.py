@@ -30,6 +30,7 @@ from services import protocol
 from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
+from services.history_feed import follow_history
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, OutputEvent, SessionSpec, Verdict
 from services.link.meter import TRIP_FINISH, TRIP_LEASE, TRIP_OPEN
@@ -168,6 +169,7 @@ def _build_runtime() -> DraftRuntime:
         logger.error("%s", fallback.describe())
     profile = cached_draft_profile(source, vocab_size, settings.cache_dir if settings.worker.profile_cache else None)
     logger.info("device profile: %s", profile)
+    follow_history(source, settings.redis_url)  # suffix drafts read the fleet's finished outputs
     return DraftRuntime(settings=settings, client=draft_client(settings), draft_source=source,
                         worker_id=worker_id, db=session_factory(create_db_engine(settings.database_url)),
                         profile=profile, fallback=fallback)

@@ -81,6 +81,32 @@ class SpeculativeSettings(BaseModel):
         return self
 
 
+class SuffixSettings(BaseModel):
+    """Suffix drafts (`--draft suffix`, `suffix:<model draft>`): the continuation of the context's longest earlier
+    match in the conversation or the tenant's earlier outputs (docs/drafts.md, suffix drafts)."""
+
+    history_tokens: int = Field(1 << 18, ge=0, description="tokens of earlier outputs indexed per tenant, per "
+                                "drafting process (the oldest evicted; 0: no fleet history, the conversation only). "
+                                "Memory: about 52 bytes a token (ids, links, chain tables: 13.6 MB at the default), fixed "
+                                "when a tenant's index is created")
+    max_tenants: int = Field(8, ge=1, description="tenants' indexes held at once per process (the least recently "
+                             "used dropped for a new one)")
+    share_across_tenants: bool = Field(False, description="one history for every API key and cache_salt: a "
+                                       "draft's speed could then reveal another tenant's text; off by default")
+    max_depth: int = Field(32, ge=2, description="longest match looked for, tokens")
+    min_match: int = Field(2, ge=1, description="shortest match a draft is made from")
+    min_prob: float = Field(0.1, gt=0.0, le=1.0, description="a draft stops where the estimated chance that all "
+                            "its tokens are right falls below this")
+    max_spec_factor: float = Field(1.0, gt=0.0, description="a draft is at most this many tokens per matched "
+                                   "token, plus max_spec_offset (a short match predicts a short way)")
+    max_spec_offset: float = Field(1.0, ge=0.0)
+    model_draft_cost: float = Field(0.3, ge=0.0, description="suffix:<model>: one model draft token's cost in "
+                                    "one-token target forwards, where no measured profile says (a profile's ratio "
+                                    "replaces it)")
+    verify_growth: float = Field(0.05, ge=0.0, description="each extra verified token's cost in one-token target "
+                                 "forwards, where no measured profile says")
+
+
 class LlamaCppSettings(BaseModel):
     """llama.cpp drafts (`--draft gguf:PATH`): one context per draft worker process, one sequence per session."""
 
@@ -291,6 +317,7 @@ class Settings(BaseSettings):
     max_new_tokens_limit: int = Field(4096, ge=1)
 
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    suffix: SuffixSettings = Field(default_factory=SuffixSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     merging: MergingSettings = Field(default_factory=MergingSettings)

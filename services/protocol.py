@@ -293,6 +293,9 @@ class SessionSpec(Message):
     created_at: float = field(default_factory=time.time)
     verify_worker: str | None = None  # cache affinity: the verify worker holding a similar request's KV
     cache_salt: str | None = None  # KV is reused only between sessions of the same salt
+    # Whose history a suffix draft may read (services/models/drafters/history.py): the API key, and its cache_salt
+    # when one is given (tenant_of); "" with auth off. A session drafts only from its own tenant's earlier outputs.
+    tenant: str = ""
     # Who drafts: "remote", a draft worker (Celery task on draft.<pool>); "local", the verify worker that holds the
     # session, in-process (a start block on the pool's queue). A revived session is started the same way again.
     draft_placement: str = "remote"
@@ -622,6 +625,30 @@ class LinkStatus(Message):
     bytes_down: int = 0
     pid: int = 0
     sent_at: float = field(default_factory=time.time)
+
+
+# Suffix drafts over the fleet's history (services/models/drafters/history.py): every finished output, appended by
+# the driver that saw it finish, capped; every drafting process tails it into its per-tenant indexes
+# (services/history_feed.py).
+HISTORY_STREAM_KEY = f"{KEY_PREFIX}:history"
+HISTORY_STREAM_MAX = 20000  # outputs kept (about 20 MB of ids at 250 tokens each): a new reader indexes these first
+
+
+def tenant_of(api_key_id: int | None, cache_salt: str | None) -> str:
+    """SessionSpec.tenant: the API key (its row id), and the cache_salt within it; "" with auth off."""
+    key = "" if api_key_id is None else f"key{api_key_id}"
+    return f"{key}/{cache_salt}" if cache_salt else key
+
+
+@dataclass
+class FinishedOutput(Message):
+    """One finished request's output for the fleet's suffix history (HISTORY_STREAM_KEY)."""
+
+    KIND: ClassVar[str] = "finished_output"
+    request_id: str
+    tenant: str
+    prompt_tail: list[int]  # the prompt's last tokens (the chat template's), so an answer's opening matches
+    output_ids: list[int]
 
 
 # Synthetic drafts served by a stack (`--draft synthetic:<a>[@<ms>ms]`, docs/synthetic.md): the target's greedy

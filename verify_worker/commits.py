@@ -14,7 +14,8 @@ import time
 import redis
 
 from services import protocol
-from services.protocol import DraftBlock, OutputEvent
+from services.history_feed import HISTORY_PROMPT_TAIL, append_finished
+from services.protocol import DraftBlock, FinishedOutput, OutputEvent
 from services.redis_client import RoundCommitter
 from verify_worker.committed import CommittedEvents
 from verify_worker.records import Recorder
@@ -92,8 +93,23 @@ class StreamCommits:
                     extra={"request_id": item.request_id})
         self.committed.finish(item.request_id, time.monotonic())
         session = self.sessions.pop(item.request_id, retire=True)
+        if session is not None:
+            self._remember(session)
         if session is not None and session.local is not None and self.recorder is not None:
             self.recorder.ended(session.local, len(session.target.output.output_ids))
+
+    def _remember(self, session: VerifySession) -> None:
+        """The finished output into the fleet's history for suffix drafts (services/history_feed.py)."""
+        output_ids = session.target.output.output_ids
+        if not output_ids:
+            return
+        spec = session.spec
+        output = FinishedOutput(request_id=spec.request_id, tenant=spec.tenant,
+                                prompt_tail=list(spec.prompt_ids[-HISTORY_PROMPT_TAIL:]), output_ids=list(output_ids))
+        try:
+            append_finished(self.client, output)
+        except redis.RedisError as exc:  # a draft not made later, nothing lost now
+            logger.warning("request %s: its output did not reach the suffix history (%s)", spec.request_id, exc)
 
     def refill(self, request_ids: list[str], verdicts: list[CommitItem] = ()) -> int:
         """Append again the events these requests' streams lost (verify_worker/committed.py), then push

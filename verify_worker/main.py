@@ -17,6 +17,7 @@ from services.models.precision import lossless_warning
 from services.redis_conn import connect
 from services.engine.profile import cached_draft_profile, cached_verify_profile
 from services.engine.wide_steps import WIDE_MIN_TOKENS, cached_wide_steps, plain_step_costs, wide_min_tokens
+from services.history_feed import follow_history
 from services.models.drafters.serving import load_serving_draft
 from services.models.engine import TorchEngine
 from services.speculative.cost_model import CostModel
@@ -69,6 +70,7 @@ def local_drafting(settings: Settings, target, verify_profile: dict) -> LocalDra
     draft_profile = cached_draft_profile(source, vocab_size,
                                          settings.cache_dir if settings.worker.profile_cache else None)
     logger.info("drafting for its own sessions with %s: %s", source.spec, draft_profile)
+    follow_history(source, settings.redis_url)  # suffix drafts read the fleet's finished outputs
     cost = None
     if settings.speculative.block_policy == "cost":
         cost = CostModel.from_profile({**verify_profile, **draft_profile}, pipelined=False)

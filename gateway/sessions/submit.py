@@ -33,6 +33,7 @@ from services.protocol import (
     draft_queue,
     opening_block,
     request_key,
+    tenant_of,
     verify_pool_queue,
     verify_worker_queue,
 )
@@ -221,6 +222,7 @@ async def _start_session(state: GatewayState, ask: Ask, flight: Flight | None) -
         routing_version=route.table_version,
         verify_worker=similar.worker_id if similar is not None else None,
         cache_salt=params.cache_salt,
+        tenant=tenant_of(caller.api_key_id, params.cache_salt),
         draft_placement=placement,
         opened=opened,
     )

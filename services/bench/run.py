@@ -142,7 +142,7 @@ def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tupl
         return (lambda _prompt, prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)), None
     source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
                                speculative=settings.speculative, llamacpp=settings.llamacpp,
-                               cache_dir=settings.cache_dir)
+                               cache_dir=settings.cache_dir, suffix=settings.suffix)
     cost = None
     if settings.speculative.block_policy == "cost" and not source.is_none:
         cost = measure_cost_model(target, source, settings.cache_dir)

@@ -110,6 +110,7 @@ def generate(
                 chunk_size=settings.prefill_chunk_size,
                 llamacpp=settings.llamacpp,
                 cache_dir=settings.cache_dir,
+                suffix=settings.suffix,
             )
         options = GenerationOptions(
             sampling=sampling,

@@ -35,6 +35,7 @@ from services.config import SpeculativeSettings
 from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
+from services.models.drafters.suffix import bind_tenant
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
 from services.speculative.bridging import bridge_lead
@@ -123,6 +124,7 @@ class DraftSession:
         self.resumed_from_round = self.round
         self.drafter = drafter if spec.route == "sd" else None
         bound_draft_context(self.drafter, len(spec.prompt_ids), speculative.draft_context_tokens)
+        bind_tenant(self.drafter, spec.tenant)
         self.recent = recent
         prior = recent.alpha() if recent is not None else None
         # only a session that may draft takes a turn at exploring (a plain-route session would use up the turn)

@@ -53,6 +53,7 @@ class GenerationSession:
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)
+        self._remembered = False
         self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
         self._plain_opening = opens_plain(options.speculative, len(self.prompt_ids),
                                           bool(getattr(drafter, "stepwise", False)))
@@ -111,4 +112,8 @@ class GenerationSession:
     def release(self) -> None:
         self.target_session.release()
         if self.drafter is not None:
+            remember = getattr(self.drafter, "remember", None)  # suffix drafts: the output joins the history
+            if remember is not None and self.finished and not self._remembered:
+                self._remembered = True
+                remember(self.prompt_ids, self.output_ids)
             self.drafter.release()

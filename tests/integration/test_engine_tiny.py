@@ -12,6 +12,7 @@ from services.engine.target import TargetSession, run_step
 from services.models.engine import TorchEngine
 from services.errors import ContextLengthError
 from services.models.drafters import DraftSource, ModelDrafter, NgramDrafter, SelfDrafter
+from services.models.drafters.suffix import SuffixDrafter
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
 from tests.conftest import TINY_VOCAB, build_tiny_llama, perturbed_copy
@@ -59,6 +60,7 @@ DRAFTS = {
     "self-int8": lambda target, seed: SelfDrafter(target, "int8"),
     "self-bf16": lambda target, seed: SelfDrafter(target, "bf16"),
     "ngram": lambda target, seed: NgramDrafter(ngram_max=3, ngram_min=1),
+    "suffix": lambda target, seed: SuffixDrafter(),
 }
 
 

@@ -10,9 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.config import SpeculativeSettings
+from services.config import SpeculativeSettings, SuffixSettings
+from services.history_feed import HISTORY_PROMPT_TAIL, HistoryFeed
 from services.models.drafters import DraftSource
-from services.protocol import Heartbeat, SessionSpec, cancel_key, heartbeat_key, owner_key
+from services.protocol import (
+    HISTORY_STREAM_KEY,
+    FinishedOutput,
+    Heartbeat,
+    SessionSpec,
+    cancel_key,
+    heartbeat_key,
+    owner_key,
+)
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel, best_block_length
 from services.speculative.measured_turns import DRAFT, PLAIN, MeasuredTurns
@@ -64,10 +73,12 @@ def spec_of(request_id: str, prompt: list[int], max_new_tokens: int = 30, **fiel
                        **fields)
 
 
-@pytest.mark.parametrize("kind", ["model", "model-window", "ngram"])
+@pytest.mark.parametrize("kind", ["model", "model-window", "ngram", "suffix", "suffix-model"])
 def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(client, target, draft, kind):
-    """model-window: the draft reads the last 4 prompt tokens only (a draft's context is no part of the output)."""
-    source = DraftSource("ngram", None) if kind == "ngram" else draft
+    """model-window: the draft reads the last 4 prompt tokens only (a draft's context is no part of the output);
+    suffix-model: per round the suffix draft or the model's."""
+    source = {"ngram": DraftSource("ngram", None), "suffix": DraftSource("suffix", None, suffix=SuffixSettings()),
+              "suffix-model": DraftSource("suffix:tiny-draft", draft.model, suffix=SuffixSettings())}.get(kind, draft)
     drafting = local(source)
     if kind == "model-window":
         drafting.speculative = SpeculativeSettings(block_policy="acceptance", draft_context_tokens=4)
@@ -81,10 +92,41 @@ def test_sessions_drafted_by_their_verify_worker_decode_as_the_target_alone(clie
             assert events[-1].worker_id == "verify-t"
             assert client.get(owner_key(f"{kind}-{index}")).decode() == verify.worker.instance
         stats = events[-1].stats
-        assert stats.num_drafts > 0 and (kind == "ngram" or stats.num_accepted_tokens > 0)
+        assert stats.num_drafts > 0 and (kind in ("ngram", "suffix") or stats.num_accepted_tokens > 0)
         assert len(verify.worker.sessions) == 0  # finished sessions leave the table (their KV retired)
     finally:
         verify.close()
+
+
+def test_finished_outputs_reach_the_fleet_history_and_later_sessions_of_the_tenant_draft_from_them(client, target):
+    source = DraftSource("suffix", None, suffix=SuffixSettings())
+    feed = HistoryFeed(client, source.shared_history())
+    verify = VerifyThread(client, target, local=local(source))
+    prompt = [70, 71, 72, 73, 74, 75, 76, 77]  # nothing in it repeats: its own context offers no draft
+    try:
+        start_local(client, spec_of("first", prompt, tenant="key1"))
+        wait_finished(client, "first")
+        entries = client.xrange(HISTORY_STREAM_KEY)
+        assert len(entries) == 1
+        published = FinishedOutput.decode(entries[0][1][b"m"])
+        assert published.tenant == "key1" and published.output_ids == output_tokens(client, "first")
+        assert published.prompt_tail == prompt[-HISTORY_PROMPT_TAIL:]
+        feed.read_once()
+        assert source.history.num_added == 1
+        start_local(client, spec_of("again", prompt, tenant="key1"))
+        start_local(client, spec_of("other", prompt, tenant="key2"))
+        for request_id in ("again", "other"):
+            wait_finished(client, request_id)
+            assert output_tokens(client, request_id) == output_tokens(client, "first")
+        # the same tenant's repeat is drafted from the history; another tenant's is not
+        assert _stats(client, "again").num_accepted_tokens >= 20
+        assert _stats(client, "other").num_draft_tokens < _stats(client, "again").num_draft_tokens
+    finally:
+        verify.close()
+
+
+def _stats(client, request_id: str):
+    return wait_finished(client, request_id)[-1].stats
 
 
 def test_a_seeded_sampled_request_is_the_same_drafted_here_or_by_a_draft_worker(client, target, draft):

@@ -206,7 +206,7 @@ def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
     for index, call in enumerate(calls):
         drafter = call.drafter
         lookup = getattr(drafter, "lookup", None)
-        if lookup is not None:  # HybridDrafter: prompt lookup when it matches
+        if lookup is not None:  # HybridDrafter, SuffixModelDrafter: the lookup's draft when it has (or pays)
             proposal = drafter.propose_lookup(call.context_ids, call.num_draft_tokens, call.sampling,
                                               call.generator)
             if proposal is not None:
@@ -219,8 +219,13 @@ def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
         else:
             results[index] = drafter.propose(call.context_ids, call.num_draft_tokens, call.sampling,
                                              call.generator)
+            if drafter is not call.drafter and hasattr(call.drafter, "model_proposed"):
+                call.drafter.model_proposed(call.context_ids, results[index])
     for group in batched.values():
         engine = group[0][1].drafter.draft_engine
         for (index, _), proposal in zip(group, engine.propose_many([call for _, call in group])):
             results[index] = proposal
+            chooser = calls[index].drafter
+            if hasattr(chooser, "model_proposed"):  # a per-round choice measures its model draft's acceptance
+                chooser.model_proposed(calls[index].context_ids, proposal)
     return results

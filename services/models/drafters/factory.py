@@ -7,7 +7,9 @@ services/models/default_draft; any `mirror-sd distill` folder works the
 same way); `gguf:PATH` / `gguf:<built-in alias>` (a GGUF file drafting on
 llama.cpp, drafters/gguf.py); `hybrid` / `hybrid:<model draft>` (prompt
 lookup when the context has a match, else the model draft, `default`
-unless named); `auto` (the settings' default: see resolve_draft_spec); `none`
+unless named); `suffix` (suffix drafts over the conversation and the tenant's earlier outputs, no model:
+drafters/suffix.py) / `suffix:<model draft>` (per round the suffix draft or the model draft, whichever promises
+more tokens per ms); `auto` (the settings' default: see resolve_draft_spec); `none`
 (target-only); `synthetic:<a>[@<ms>ms]` (benchmarks only: the target's greedy
 token with probability a, from reference runs, at a chosen cost per token;
 docs/synthetic.md); anything else is a model spec for
@@ -21,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import LlamaCppSettings, SpeculativeSettings
+from services.config import LlamaCppSettings, SpeculativeSettings, SuffixSettings
 from services.models.builtin import BUILTIN_MODELS
 from services.models.decoder import UnsupportedModelError
 from services.models.drafters.base import Drafter
@@ -29,8 +31,11 @@ from services.models.drafters.batched import DraftEngine
 from services.models.drafters.gguf import GGUF_PREFIX, is_gguf_spec, load_gguf_engine
 from services.models.drafters.model import ModelDrafter
 from services.models.drafters.hybrid import HybridDrafter
+from services.models.drafters.history import History
 from services.models.drafters.ngram import NgramDrafter
+from services.models.drafters.suffix import SuffixDrafter, SuffixModelDrafter, SuffixOptions
 from services.models.drafters.synthetic import SyntheticDrafter
+from services.speculative.draft_choice import DraftPrices
 from services.models.synthetic_spec import SYNTHETIC_PREFIX, ReferenceBook, parse_synthetic_spec
 from services.models.llamacpp import LLAMA_CPP_PACKAGE, llama_cpp_available
 from services.models.loading import LoadedModel, TargetVocab, check_same_tokenizer, load_model
@@ -66,8 +71,17 @@ def resolve_draft_spec(spec: str, target: str) -> str:
     return f"{GGUF_PREFIX}{alias}"
 
 
+SUFFIX = "suffix"
+
+
+def is_suffix_spec(spec: str) -> bool:
+    return spec == SUFFIX or spec.startswith(SUFFIX + ":")
+
+
 def _model_half(spec: str) -> str:
-    return spec.split(":", 1)[1] if spec.startswith("hybrid:") else ("default" if spec == "hybrid" else spec)
+    if spec.startswith(("hybrid:", SUFFIX + ":")):
+        return spec.split(":", 1)[1]
+    return "default" if spec == "hybrid" else spec
 
 
 def needs_target_weights(spec: str) -> bool:
@@ -77,7 +91,7 @@ def needs_target_weights(spec: str) -> bool:
 
 
 def needs_target_vocab(spec: str) -> bool:
-    return spec not in ("none", "ngram", AUTO) and not spec.startswith(SYNTHETIC_PREFIX)
+    return spec not in ("none", "ngram", SUFFIX, AUTO) and not spec.startswith(SYNTHETIC_PREFIX)
 
 
 def is_model_draft(spec: str) -> bool:
@@ -98,6 +112,8 @@ class DraftSource:
     vocab_size: int = 0
     hybrid: bool = False  # prompt lookup first, the model draft when it finds nothing
     engine: DraftEngine | None = None  # a draft engine given whole (llama.cpp); else built from `model`
+    suffix: SuffixSettings | None = None  # suffix drafts first (alone, or chosen per round against the model's)
+    history: History | None = None  # the tenants' earlier outputs, shared by every session of the process
     _engine_checked: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -108,7 +124,7 @@ class DraftSource:
     def stepwise(self) -> bool:
         """Whether its drafters are model drafts stepped token by token (Drafter.stepwise): a plain model
         draft, on the shared engine or with a cache of its own (not prompt lookup, hybrid or synthetic)."""
-        return not self.is_none and self.references is None and not self.hybrid and (
+        return not self.is_none and self.references is None and not self.hybrid and self.suffix is None and (
             self.model is not None or self.engine is not None)
 
     def _model_drafter(self) -> Drafter:
@@ -135,11 +151,35 @@ class DraftSource:
         if self.references is not None:  # a bench's book must hold every prompt; a stack's may miss (target-only)
             return SyntheticDrafter(parse_synthetic_spec(self.spec), self.references, vocab_size=self.vocab_size,
                                     required=self.references.fetch is None)
+        if self.suffix is not None:
+            return self._suffix_drafter()
         lookup = NgramDrafter(ngram_max=self.ngram_max, ngram_min=self.ngram_min)
         if self.model is None and self.engine is None:
             return lookup
         model = self._model_drafter()
         return HybridDrafter(lookup, model, name=self.spec) if self.hybrid else model
+
+
+    def shared_history(self) -> History | None:
+        """The tenants' earlier outputs every suffix drafter of this source reads (made on first use); None
+        for a draft without suffix drafts, or with history_tokens 0."""
+        settings = self.suffix
+        if self.history is None and settings is not None and settings.history_tokens > 0:
+            self.history = History(capacity=settings.history_tokens, max_tenants=settings.max_tenants,
+                                   share_across_tenants=settings.share_across_tenants, max_depth=settings.max_depth)
+        return self.history
+
+    def _suffix_drafter(self) -> Drafter:
+        settings = self.suffix
+        self.shared_history()
+        options = SuffixOptions(max_depth=settings.max_depth, min_prob=settings.min_prob,
+                                max_spec_factor=settings.max_spec_factor, max_spec_offset=settings.max_spec_offset,
+                                min_match=settings.min_match)
+        lookup = SuffixDrafter(self.history, options, name=self.spec)
+        if self.model is None and self.engine is None:
+            return lookup
+        prices = DraftPrices(model_draft=settings.model_draft_cost, verify_growth=settings.verify_growth)
+        return SuffixModelDrafter(lookup, self._model_drafter(), prices=prices, name=self.spec)
 
 
 def load_draft_source(
@@ -152,6 +192,7 @@ def load_draft_source(
     llamacpp: LlamaCppSettings | None = None,
     num_threads: int | None = None,
     cache_dir: Path | None = None,
+    suffix: SuffixSettings | None = None,
 ) -> DraftSource:
     """target: the loaded target, or for a GGUF draft just its vocabulary (TargetVocab); num_threads: the
     process's thread count (llama.cpp's default); cache_dir: where a GGUF draft's engine check is kept.
@@ -161,6 +202,18 @@ def load_draft_source(
     spec = resolve_draft_spec(spec, target.name)
     if spec in ("none", "ngram"):
         return DraftSource(spec, None, **common)
+    if is_suffix_spec(spec):
+        suffix = suffix or SuffixSettings()
+        if spec == SUFFIX:
+            return DraftSource(spec, None, suffix=suffix, **common)
+        inner = _model_half(spec)
+        if inner in ("none", "ngram", SUFFIX, AUTO) or inner.startswith(("hybrid", SUFFIX + ":", SYNTHETIC_PREFIX)):
+            raise ValueError(f"draft {spec!r}: the part after 'suffix:' must be a model draft, not {inner!r}")
+        model = load_draft_source(inner, target, speculative=speculative, precision=precision,
+                                  chunk_size=chunk_size, llamacpp=llamacpp, num_threads=num_threads,
+                                  cache_dir=cache_dir)
+        return DraftSource(spec, model.model, engine=model.engine, suffix=suffix, vocab_size=model.vocab_size,
+                           **common)
     if spec == "hybrid" or spec.startswith("hybrid:"):
         inner = _model_half(spec)
         if inner in ("none", "ngram", "hybrid", AUTO) or inner.startswith(("hybrid:", SYNTHETIC_PREFIX)):

@@ -11,6 +11,7 @@ from services.config import Settings
 from services.models.drafters.factory import (
     FALLBACK_DRAFT,
     DraftSource,
+    is_suffix_spec,
     load_draft_source,
     needs_target_vocab,
     needs_target_weights,
@@ -42,8 +43,8 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
     if crashed is not None:  # restarted so by `mirror-sd up` after crashing at start
         fallback = DraftFallback(draft=crashed.draft, fault=crashed.fault, reason=crashed.reason, serving=spec)
     if not needs_target_vocab(spec):
-        return (DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min), LOOKUP_VOCAB,
-                fallback)
+        return (DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min,
+                            suffix=settings.suffix if is_suffix_spec(spec) else None), LOOKUP_VOCAB, fallback)
     if target is None:
         from services.models.loading import load_model, load_target_vocab
 
@@ -54,7 +55,7 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
         source = load_draft_source(spec, target, speculative=settings.speculative,
                                    precision=settings.draft_precision, chunk_size=settings.prefill_chunk_size,
                                    llamacpp=settings.llamacpp, num_threads=num_threads or settings.num_threads,
-                                   cache_dir=settings.cache_dir)
+                                   cache_dir=settings.cache_dir, suffix=settings.suffix)
     except LlamaCppFaultError as exc:
         if not settings.worker.draft_fallback:
             raise

@@ -1,0 +1,234 @@
+"""Suffix drafts: no model, no prefill; the continuation of the context's longest earlier match, from the
+conversation itself or from the tenant's earlier outputs (drafters/history.py).
+
+`SuffixDrafter` keeps an index over its session's context (prompt and committed output, indexed as they come: a
+long prompt costs an index update of microseconds per token, not a forward) and asks the fleet's history for
+the same tail; the draft with the higher score (expected accepted tokens) wins. Drafts are point masses, so
+rejection sampling stays exact as for prompt lookup.
+
+`SuffixModelDrafter` chooses per round between a suffix draft and a model draft by expected tokens per ms
+(services/speculative/draft_choice.py): the suffix draft's score against the model draft's measured acceptance
+and cost. Each drafter measures its own acceptance from the context of the next call (what the target kept of
+its last proposal), so the choice learns on every path, in-process and on workers alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.history import History
+from services.models.drafters.suffix_index import SuffixDraft, SuffixIndex
+from services.speculative.draft_choice import DraftPrices, suffix_pays
+from services.speculative.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SuffixOptions:
+    max_depth: int = 32  # longest match looked for
+    min_prob: float = 0.1  # a draft stops where the chance all its tokens are right falls below this
+    max_spec_factor: float = 1.0  # a draft is at most this many tokens per matched token (plus the offset)
+    max_spec_offset: float = 1.0
+    min_match: int = 2  # shortest match a draft is made from
+
+
+class AcceptanceMeter:
+    """A drafter's acceptance, read from the context of its next call: the tokens of its last proposal that the
+    context now carries in place (the target kept them), counted until the first that differs. Also how many
+    it kept against how many the drafter expected (`calibration`), for drafts that say how sure they are."""
+
+    def __init__(self, prior: float, weight: float = 0.2) -> None:
+        self.alpha = prior  # per-token acceptance, smoothed
+        self.calibration = 1.0  # accepted / expected, smoothed
+        self.weight = weight
+        self.num_rounds = 0
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self._pending: tuple[int, list[int], float | None] | None = None  # (context length, tokens, expected)
+
+    def proposed(self, context_length: int, token_ids: list[int], expected: float | None = None) -> None:
+        self._pending = (context_length, token_ids, expected) if token_ids else None
+
+    def observe(self, context: Sequence[int]) -> None:
+        if self._pending is None:
+            return
+        start, token_ids, expected = self._pending
+        if len(context) <= start:
+            return  # not verified yet (a call from the same context)
+        accepted = 0
+        for token, kept in zip(token_ids, context[start:]):
+            if token != kept:
+                break
+            accepted += 1
+        if accepted == len(token_ids) and len(context) - start <= len(token_ids):
+            return  # its verdict is not in yet (a speculation on top of the proposal)
+        self._pending = None
+        self.num_rounds += 1
+        self.num_drafted += len(token_ids)
+        self.num_accepted += accepted
+        chances = min(len(token_ids), accepted + 1)  # positions after a rejection had no chance
+        self.alpha += self.weight * (accepted / chances - self.alpha)
+        if expected:
+            self.calibration += self.weight * (min(2.0, accepted / expected) - self.calibration)
+
+
+class SuffixDrafter:
+    """A session's suffix drafter (name "suffix")."""
+
+    stepwise = False
+
+    def __init__(self, history: History | None = None, options: SuffixOptions | None = None, *,
+                 tenant: str = "", name: str = "suffix") -> None:
+        self.name = name
+        self.history = history
+        self.tenant = tenant
+        self.options = options or SuffixOptions()
+        self._index: SuffixIndex | None = None
+        self._seen: list[int] = []  # the tokens indexed, in order
+        self.meter = AcceptanceMeter(prior=0.5)
+        self.num_local_drafts = 0  # drafts from the session's own context
+        self.num_history_drafts = 0  # drafts from the tenant's earlier outputs
+        self.last_draft = SuffixDraft()
+
+    def _sync(self, context_ids: Sequence[int]) -> None:
+        """Index the context's new tokens; where it differs from what was indexed (a speculated tail that the
+        target rejected), forget back to the common prefix first."""
+        seen = self._seen
+        common = 0
+        if len(context_ids) >= len(seen) and (not seen or context_ids[len(seen) - 1] == seen[-1]):
+            common = len(seen)
+            check = max(0, common - 8)
+            if list(context_ids[check:common]) != seen[check:]:
+                common = 0
+        if common < len(seen) or common == 0:
+            common = 0
+            for have, now in zip(seen, context_ids):
+                if have != now:
+                    break
+                common += 1
+        if self._index is None or len(context_ids) + 1 > self._index.capacity:
+            self._index = SuffixIndex(max(1024, 2 * len(context_ids)), max_depth=self.options.max_depth)
+            common = 0
+            self._seen = []
+        elif common < len(seen):
+            self._index.truncate(common)
+            del self._seen[common:]
+        new = [int(token) for token in context_ids[common:]]
+        self._index.extend(new)
+        self._seen.extend(new)
+
+    def speculate(self, context_ids: Sequence[int], num_draft_tokens: int) -> SuffixDraft:
+        """The better of the session's own and the tenant history's drafts (higher score); empty when neither
+        matches at least min_match tokens."""
+        self.meter.observe(context_ids)
+        self._sync(context_ids)
+        options = self.options
+        kwargs = {"min_prob": options.min_prob, "max_spec_factor": options.max_spec_factor,
+                  "max_spec_offset": options.max_spec_offset}
+        local = replace(self._index.speculate(context_ids, num_draft_tokens, **kwargs), source="conversation")
+        fleet = (replace(self.history.speculate(self.tenant, context_ids, num_draft_tokens, **kwargs),
+                         source="history") if self.history is not None else SuffixDraft())
+        best = fleet if fleet.score > local.score else local
+        if best.match_length < options.min_match:
+            best = SuffixDraft()
+        self.last_draft = best
+        return best
+
+    def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftProposal:
+        if num_draft_tokens <= 0 or not context_ids:
+            return DraftProposal([], None)
+        draft = self.speculate(context_ids, num_draft_tokens)
+        self.note(context_ids, draft)
+        return DraftProposal(list(draft.token_ids), None)
+
+    def note(self, context_ids: Sequence[int], draft: SuffixDraft) -> None:
+        """The draft this round takes is this one (counted, and what the target keeps of it read next call)."""
+        if draft.source == "history":
+            self.num_history_drafts += 1
+        elif draft.token_ids:
+            self.num_local_drafts += 1
+        self.meter.proposed(len(context_ids), list(draft.token_ids), draft.score)
+
+    def remember(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """A finished output into the tenant's history, where this process is its own fleet (in-process
+        sessions; workers learn every output from the fleet's stream instead: services/history_feed.py)."""
+        if self.history is not None:
+            self.history.add(self.tenant, prompt_ids, output_ids)
+
+    def release(self) -> None:
+        self._index = None
+        self._seen = []
+
+
+class SuffixModelDrafter:
+    """Per round, the suffix draft or the model draft, whichever promises more tokens per ms (name
+    "suffix:<model>"). Batched drafting (drafters/batched.py) asks `propose_lookup` first, as for the hybrid,
+    and steps the model halves of the sessions that chose the model together."""
+
+    def __init__(self, lookup: SuffixDrafter, model: Drafter, *, prices: DraftPrices | None = None,
+                 prior_alpha: float = 0.6, name: str = "suffix") -> None:
+        self.name = name
+        self.lookup = lookup
+        self.model = model
+        self.prices = prices or DraftPrices()
+        self.model_meter = AcceptanceMeter(prior=prior_alpha)
+        self.num_lookup_rounds = 0
+        self.num_model_rounds = 0
+
+    def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> DraftProposal:
+        proposal = self.propose_lookup(context_ids, num_draft_tokens, sampling, generator)
+        if proposal is not None:
+            return proposal
+        proposal = self.model.propose(context_ids, num_draft_tokens, sampling, generator)
+        self.model_proposed(context_ids, proposal)
+        return proposal
+
+    def propose_lookup(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
+                       generator: torch.Generator | None) -> DraftProposal | None:
+        """The suffix draft when it pays this round, else None (the model drafts: propose_many calls
+        model_proposed with what it drafted)."""
+        if num_draft_tokens <= 0:
+            return DraftProposal([], None)
+        self.model_meter.observe(context_ids)
+        draft = self.lookup.speculate(context_ids, num_draft_tokens)
+        # its frequencies are estimates: scaled by what the target kept of its earlier drafts against them
+        calibrated = draft.score * min(1.0, self.lookup.meter.calibration)
+        if suffix_pays(calibrated, len(draft.token_ids), model_alpha=self.model_meter.alpha,
+                       model_tokens=num_draft_tokens, prices=self.prices):
+            self.num_lookup_rounds += 1
+            self.lookup.note(context_ids, draft)
+            return DraftProposal(list(draft.token_ids), None)
+        self.num_model_rounds += 1
+        self.lookup.note(context_ids, SuffixDraft())
+        return None
+
+    def model_proposed(self, context_ids: Sequence[int], proposal: DraftProposal) -> None:
+        self.model_meter.proposed(len(context_ids), list(proposal.token_ids))
+
+    def remember(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        self.lookup.remember(prompt_ids, output_ids)
+
+    def release(self) -> None:
+        self.lookup.release()
+        self.model.release()
+
+
+def suffix_drafter(drafter: Drafter | None) -> SuffixDrafter | None:
+    """The suffix drafter in a drafter (itself, or a per-round choice's suffix half)."""
+    lookup = getattr(drafter, "lookup", drafter)
+    return lookup if isinstance(lookup, SuffixDrafter) else None
+
+
+def bind_tenant(drafter: Drafter | None, tenant: str) -> None:
+    """A session's suffix drafts read its tenant's history only (SessionSpec.tenant)."""
+    suffix = suffix_drafter(drafter)
+    if suffix is not None:
+        suffix.tenant = tenant

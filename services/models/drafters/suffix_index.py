@@ -1,0 +1,223 @@
+"""A suffix index over token sequences in a fixed amount of memory: the longest earlier match of a context's
+tail, and what followed it, in microseconds.
+
+Suffix decoding (arXiv 2411.04975) drafts from a suffix tree over the prompt, the output so far and earlier
+outputs. This index answers the same question with hash chains instead of a tree, the way LZ77 compressors
+find matches: every position is linked to the previous position whose last k tokens hash the same, for a few
+key lengths k (8, 4, 2 by default). A lookup hashes the context's last k tokens, walks that chain back over at
+most `max_candidates` recent occurrences, measures how far back each really matches (up to `max_depth`
+tokens: a hash collision matches less than k and is dropped), keeps the occurrences with the longest match,
+and walks their continuations forward together: at each position the most frequent next token among those
+still agreeing, its frequency the estimated chance it is right. The longest key that finds anything wins, so a
+long match is found even where a short key's chain is crowded with recent short ones.
+
+Memory is fixed at construction, whatever is appended: a ring of `capacity` tokens (the oldest overwritten),
+one `prev` link per token and key length, and one chain-head table per key length. A flood of unique text
+evicts old text; it never grows the index. Sequences are appended as documents: a separator after each ends
+every continuation there, so a draft never runs from one document into the next.
+
+Why our own and not arctic-inference's C++ suffix tree (vLLM's `suffix` method): that tree grows with the
+distinct suffixes it holds (a node per distinct path up to its depth), its wheel is built from an sdist with a
+C++ toolchain, and it has no per-tenant partitioning of its global cache; this index is pure Python over
+`array`s with a memory bound set by one number (docs/drafts.md, suffix drafts).
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR = -1  # between documents; never a token id, so it matches nothing and ends every continuation
+EMPTY = -1  # a chain's end
+_HASH_MULTIPLIER = 1_000_003
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    """A continuation of a context's tail drawn from the index."""
+
+    token_ids: list[int] = field(default_factory=list)  # [num_draft_tokens]
+    # per draft token: the estimated chance that it and every token before it are right (nonincreasing)
+    cumulative_probs: list[float] = field(default_factory=list)
+    match_length: int = 0  # how many tokens of the context's tail matched earlier text
+    source: str = ""  # where it came from: "conversation" (the session's own context) or "history"
+
+    @property
+    def score(self) -> float:
+        """Expected number of accepted draft tokens, if the frequencies were the acceptance chances."""
+        return sum(self.cumulative_probs)
+
+    def cut(self, num_draft_tokens: int) -> "SuffixDraft":
+        return replace(self, token_ids=self.token_ids[:num_draft_tokens],
+                       cumulative_probs=self.cumulative_probs[:num_draft_tokens])
+
+
+def _key(tokens: Sequence[int]) -> int:
+    key = 0
+    for token in tokens:
+        key = (key * _HASH_MULTIPLIER + token + 2) & 0xFFFF_FFFF_FFFF
+    return key
+
+
+def memory_bytes(capacity: int, key_lengths: Sequence[int], table_size: int) -> int:
+    """What an index of these dimensions holds, bytes: tokens (4 each), a prev link per token and key length
+    (8 each), a chain-head table per key length (8 a slot)."""
+    return capacity * (4 + 8 * len(key_lengths)) + table_size * 8 * len(key_lengths)
+
+
+class SuffixIndex:
+    def __init__(self, capacity: int, *, key_lengths: Sequence[int] = (8, 4, 2), max_depth: int = 32,
+                 max_candidates: int = 32, table_size: int | None = None) -> None:
+        if capacity < 2:
+            raise ValueError(f"suffix index capacity must be at least 2 tokens, got {capacity}")
+        if not key_lengths or min(key_lengths) < 1:
+            raise ValueError(f"suffix index key lengths must be positive, got {list(key_lengths)}")
+        self.capacity = capacity
+        self.key_lengths = sorted(set(key_lengths), reverse=True)
+        self.max_depth = max(max_depth, self.key_lengths[0])
+        self.max_candidates = max_candidates
+        size = 1 << max(10, (capacity - 1).bit_length()) if table_size is None else table_size
+        self.table_mask = size - 1
+        assert size & self.table_mask == 0, "table_size must be a power of two"
+        self.tokens = array("i", [SEPARATOR]) * capacity
+        self.prev = [array("q", [EMPTY]) * capacity for _ in self.key_lengths]
+        self.heads = [array("q", [EMPTY]) * size for _ in self.key_lengths]
+        self.end = 0  # absolute position of the next token written; positions below end - capacity are gone
+        self.doc_start = 0  # absolute position where the document being appended began
+        self.num_documents = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        return memory_bytes(self.capacity, self.key_lengths, self.table_mask + 1)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held now (separators included), at most capacity."""
+        return min(self.end, self.capacity)
+
+    def _alive(self, position: int) -> bool:
+        return position >= 0 and position >= self.end - self.capacity
+
+    def _at(self, position: int) -> int:
+        return self.tokens[position % self.capacity] if self._alive(position) else SEPARATOR
+
+    # --- writing --------------------------------------------------------------------------------
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Append tokens to the current document (each linked into its chains)."""
+        for token in token_ids:
+            self._write(int(token))
+
+    def end_document(self) -> None:
+        """End the current document: what follows is another one."""
+        if self.end > self.doc_start:
+            self._write(SEPARATOR)
+            self.num_documents += 1
+        self.doc_start = self.end
+
+    def add_document(self, token_ids: Sequence[int]) -> None:
+        self.end_document()
+        self.extend(token_ids)
+        self.end_document()
+
+    def _write(self, token: int) -> None:
+        position = self.end
+        slot = position % self.capacity
+        self.tokens[slot] = token
+        self.end = position + 1
+        if token == SEPARATOR:
+            for prev in self.prev:
+                prev[slot] = EMPTY
+            return
+        for level, length in enumerate(self.key_lengths):
+            start = position - length + 1
+            if start < self.doc_start or start < self.end - self.capacity:
+                self.prev[level][slot] = EMPTY  # the key would reach into another document or evicted text
+                continue
+            key = _key(self.tokens[s % self.capacity] for s in range(start, position + 1)) & self.table_mask
+            self.prev[level][slot] = self.heads[level][key]
+            self.heads[level][key] = position
+
+    def truncate(self, length: int) -> None:
+        """Forget the current document's tokens past absolute position `length` (a draft's own tokens that the
+        target then rejected); only the document being appended can shrink."""
+        length = max(length, self.doc_start)
+        while self.end > length:
+            position = self.end - 1
+            slot = position % self.capacity
+            for level, length_k in enumerate(self.key_lengths):
+                if position - length_k + 1 < self.doc_start:
+                    continue
+                key = _key(self.tokens[s % self.capacity] for s in range(position - length_k + 1, position + 1))
+                head = self.heads[level]
+                if head[key & self.table_mask] == position:  # undo the link (positions were linked in order)
+                    head[key & self.table_mask] = self.prev[level][slot]
+            self.tokens[slot] = SEPARATOR
+            self.end = position
+
+    # --- reading --------------------------------------------------------------------------------
+    def _match_length(self, position: int, tail: Sequence[int]) -> int:
+        """How many of tail's last tokens equal the tokens ending at `position` (tail reversed: tail[0] is the
+        context's last token)."""
+        depth = 0
+        limit = min(len(tail), self.max_depth)
+        while depth < limit and self._at(position - depth) == tail[depth]:
+            depth += 1
+        return depth
+
+    def _candidates(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """The occurrences (absolute positions of their last token) of the context's longest matching tail,
+        most recent first, and that match's length; ([], 0) when nothing matches."""
+        tail = [int(t) for t in context[-1:-self.max_depth - 1:-1]]  # reversed
+        for level, length in enumerate(self.key_lengths):
+            if len(tail) < length:
+                continue
+            key = _key(reversed(tail[:length])) & self.table_mask
+            position = self.heads[level][key]
+            found: list[tuple[int, int]] = []
+            steps = 0
+            while position != EMPTY and self._alive(position) and steps < self.max_candidates:
+                steps += 1
+                if position + 1 < self.end and self._at(position + 1) != SEPARATOR:  # something followed it
+                    depth = self._match_length(position, tail)
+                    if depth >= length:  # a hash collision matches less
+                        found.append((position, depth))
+                position = self.prev[level][position % self.capacity]
+            if found:
+                best = max(depth for _, depth in found)
+                return [position for position, depth in found if depth == best], best
+        return [], 0
+
+    def speculate(self, context: Sequence[int], max_tokens: int, *, min_prob: float = 0.1,
+                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0) -> SuffixDraft:
+        """The most likely continuation of `context`, up to max_tokens and at most max_spec_factor *
+        match_length + max_spec_offset tokens (a short match predicts a short way), stopping where the chance
+        that every token so far is right falls below min_prob."""
+        if max_tokens <= 0 or not context:
+            return SuffixDraft()
+        positions, match_length = self._candidates(context)
+        if not positions:
+            return SuffixDraft()
+        limit = min(max_tokens, int(max_spec_factor * match_length + max_spec_offset))
+        token_ids: list[int] = []
+        cumulative_probs: list[float] = []
+        chance = 1.0
+        alive = positions
+        for offset in range(1, limit + 1):
+            following = [(position, self._at(position + offset)) for position in alive
+                         if position + offset < self.end]
+            following = [(position, token) for position, token in following if token != SEPARATOR]
+            if not following:
+                break
+            token, count = Counter(token for _, token in following).most_common(1)[0]
+            chance *= count / len(alive)
+            if chance < min_prob:
+                break
+            token_ids.append(token)
+            cumulative_probs.append(chance)
+            alive = [position for position, next_token in following if next_token == token]
+        return SuffixDraft(token_ids, cumulative_probs, match_length)

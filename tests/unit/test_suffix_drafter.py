@@ -1,0 +1,124 @@
+"""Suffix drafts: the session's own context, the tenant's history (and only its own), the per-round choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.models.drafters.history import History
+from services.models.drafters.ngram import NgramDrafter
+from services.models.drafters.suffix import (
+    AcceptanceMeter,
+    SuffixDrafter,
+    SuffixModelDrafter,
+    SuffixOptions,
+    bind_tenant,
+)
+from services.speculative.draft_choice import DraftPrices, model_rate, suffix_pays, suffix_rate
+from services.speculative.params import SamplingParams
+
+GREEDY = SamplingParams()
+ANSWER = [501, 502, 503, 504, 505, 506, 507, 508, 509, 510]
+CHAT_TAIL = [1, 9, 2, 3]  # the chat template's last prompt tokens before an answer
+
+
+def test_drafts_come_from_the_conversation_as_point_masses():
+    drafter = SuffixDrafter()
+    context = [40, 41, 42, 43, 44, 45, 46, 7, 40, 41, 42]
+    proposal = drafter.propose(context, 3, GREEDY, None)
+    assert proposal.token_ids == [43, 44, 45] and proposal.probs is None
+    assert drafter.num_local_drafts == 1 and drafter.num_history_drafts == 0
+
+
+def test_a_rejected_speculated_tail_is_forgotten():
+    drafter = SuffixDrafter()
+    drafter.propose([40, 41, 42, 43, 44, 7, 40, 41, 99, 98], 2, GREEDY, None)  # "40 41 99 98" was speculated
+    # the target kept "40 41 42" instead: the index must not offer "99" after "40 41" any more
+    assert drafter.propose([40, 41, 42, 43, 44, 7, 40, 41], 2, GREEDY, None).token_ids == [42, 43]
+
+
+def test_a_tenant_drafts_from_its_own_history_only():
+    history = History(capacity=4096)
+    history.add("key1", CHAT_TAIL, ANSWER)
+    own, other = SuffixDrafter(history), SuffixDrafter(history)
+    bind_tenant(own, "key1")
+    bind_tenant(other, "key2")
+    prompt = [300, 301, 302, *CHAT_TAIL, *ANSWER[:2]]
+    assert own.propose(prompt, 4, GREEDY, None).token_ids == ANSWER[2:6]
+    assert own.num_history_drafts == 1
+    assert other.propose(prompt, 4, GREEDY, None).token_ids == []  # key2 never sees key1's text
+    # with a cache_salt the tenant is the key's salt: another salt of the same key is another tenant
+    salted = SuffixDrafter(history)
+    bind_tenant(salted, "key1/team-a")
+    assert salted.propose(prompt, 4, GREEDY, None).token_ids == []
+
+
+def test_the_operator_can_pool_every_tenant():
+    history = History(capacity=4096, share_across_tenants=True)
+    history.add("key1", CHAT_TAIL, ANSWER)
+    drafter = SuffixDrafter(history, tenant="key2")
+    assert drafter.propose([*CHAT_TAIL, *ANSWER[:3]], 3, GREEDY, None).token_ids == ANSWER[3:6]
+
+
+def test_history_memory_is_bounded_by_tenants_and_capacity():
+    history = History(capacity=2048, max_tenants=2)
+    for tenant in ("a", "b", "c"):
+        history.add(tenant, CHAT_TAIL, ANSWER)
+    assert history.num_tenants == 2 and history.num_evicted_tenants == 1
+    one = history.memory_bytes / 2
+    for round_ in range(100):
+        history.add("b", CHAT_TAIL, [1000 + round_ * 40 + i for i in range(40)])
+    assert history.memory_bytes == 2 * one  # a flood of unique text evicts, it does not grow
+    assert history.speculate("a", [*CHAT_TAIL, *ANSWER[:2]], 3).token_ids == []  # "a" was the least recent
+
+
+def test_a_finished_in_process_session_joins_its_tenants_history():
+    history = History(capacity=4096)
+    first = SuffixDrafter(history, tenant="t")
+    first.remember([5, 6, *CHAT_TAIL], ANSWER)
+    second = SuffixDrafter(history, tenant="t")
+    assert second.propose([7, 7, *CHAT_TAIL, *ANSWER[:4]], 3, GREEDY, None).token_ids == ANSWER[4:7]
+
+
+def test_the_acceptance_meter_reads_what_the_target_kept():
+    meter = AcceptanceMeter(prior=0.5, weight=1.0)
+    meter.proposed(3, [7, 8, 9], expected=2.0)
+    meter.observe([1, 2, 3])  # not verified yet
+    assert meter.num_rounds == 0
+    meter.observe([1, 2, 3, 7, 8, 4])  # two kept, the third replaced by the target's own
+    assert (meter.num_rounds, meter.num_accepted, meter.num_drafted) == (1, 2, 3)
+    assert meter.alpha == pytest.approx(2 / 3) and meter.calibration == pytest.approx(1.0)
+    meter.proposed(6, [5, 5], expected=2.0)
+    meter.observe([1, 2, 3, 7, 8, 4, 6])  # none kept
+    assert meter.alpha == 0.0 and meter.calibration == 0.0
+
+
+def test_the_choice_takes_a_sure_suffix_draft_and_the_model_otherwise():
+    drafter = SuffixModelDrafter(SuffixDrafter(), NgramDrafter(ngram_max=2, ngram_min=1),
+                                 prices=DraftPrices(model_draft=0.3, verify_growth=0.05), prior_alpha=0.6)
+    repeated = [40, 41, 42, 43, 44, 45, 46, 47, 48, 7, 40, 41, 42, 43, 44]
+    assert drafter.propose(repeated, 4, GREEDY, None).token_ids == [45, 46, 47, 48]
+    assert drafter.num_lookup_rounds == 1
+    assert drafter.propose([60, 61, 62, 61], 4, GREEDY, None).token_ids == [62, 61]  # no suffix match: model half
+    assert drafter.num_model_rounds == 1
+
+
+def test_the_choice_is_tokens_per_cost():
+    prices = DraftPrices(model_draft=0.3, verify_growth=0.05)
+    assert suffix_rate(3.0, 4, prices) == pytest.approx(4.0 / 1.2)
+    assert model_rate(0.9, 4, prices) == pytest.approx((1 + 0.9 + 0.81 + 0.729 + 0.6561) / (1.2 + 1.2))
+    # a sure 4-token suffix draft beats a good model draft that costs a core ...
+    assert suffix_pays(3.5, 4, model_alpha=0.9, model_tokens=4, prices=prices)
+    # ... a shaky one-token suffix draft does not
+    assert not suffix_pays(0.3, 1, model_alpha=0.9, model_tokens=4, prices=prices)
+    # with a free model draft, the better acceptance wins
+    free = DraftPrices(model_draft=0.0, verify_growth=0.05)
+    assert not suffix_pays(1.0, 4, model_alpha=0.9, model_tokens=4, prices=free)
+    assert not suffix_pays(5.0, 0, model_alpha=0.1, model_tokens=4, prices=prices)  # nothing to send
+    assert suffix_pays(0.5, 2, model_alpha=0.9, model_tokens=0, prices=prices)
+
+
+def test_options_bound_the_draft_by_its_match():
+    drafter = SuffixDrafter(options=SuffixOptions(max_spec_factor=1.0, max_spec_offset=0.0, min_match=3))
+    context = [*range(10, 40), 1, 10, 11]
+    assert drafter.propose(context, 8, GREEDY, None).token_ids == []  # a 2-token match is under min_match
+    assert drafter.propose([*context, 12], 8, GREEDY, None).token_ids == [13, 14, 15]
