@@ -64,6 +64,8 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None, str | None]
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind == "json_invalid":
         return f"malformed JSON body: {context.get('error', message)}", None, None
+    if kind == "missing" and param is None:
+        return "missing request body (a JSON object)", None, None
     if kind in ("missing", "extra_forbidden"):
         code = fields.MISSING if kind == "missing" else fields.UNKNOWN
         return fields.message_for(code, param or ""), param, code

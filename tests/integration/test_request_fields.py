@@ -165,6 +165,8 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
                    "messages[0].content[0].text", code="missing_required_parameter")
     refused = chat(http, messages=[*HELLO, {"role": "robot", "content": "beep"}])
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[1].role"
+    empty = http.post("/v1/chat/completions")
+    assert empty.status_code == 400 and empty.json()["error"]["message"] == "missing request body (a JSON object)"
 
 
 def test_the_openai_client_sees_a_refusal_as_bad_request_with_the_param(http):
