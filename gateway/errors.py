@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import redis
 from sqlalchemy.exc import OperationalError as DatabaseUnavailable
@@ -11,6 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import fields
 
 logger = logging.getLogger(__name__)
 
@@ -39,22 +42,49 @@ def error_body(status_code: int, message: str, param: str | None = None, code: s
                       "code": code}}
 
 
-def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
+def param_path(location: Iterable[object]) -> str | None:
+    """A field's place as OpenAI writes it: `messages[0].content[1].type`."""
+    path = ""
+    for part in location:
+        if part == "body" and not path:
+            continue
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
+def _describe(exc: RequestValidationError) -> tuple[str, str | None, str | None]:
+    """The first error's message, param and code (OpenAI's codes for an unknown, unsupported or missing
+    field: gateway/fields.py)."""
     errors = exc.errors()
     if not errors:
-        return "invalid request", None
+        return "invalid request", None, None
     first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
+    kind, context = first.get("type"), first.get("ctx") or {}
+    param = param_path(first.get("loc", ()))
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if first.get("type") == "json_invalid":
-        return f"malformed JSON body: {first.get('ctx', {}).get('error', message)}", None
-    if first.get("type") == "missing":
-        return f"missing required field {param!r}", param
+    if kind == "json_invalid":
+        return f"malformed JSON body: {context.get('error', message)}", None, None
+    if kind == "missing" and param is None:
+        return "missing request body (a JSON object)", None, None
+    if kind in ("missing", "extra_forbidden"):
+        code = fields.MISSING if kind == "missing" else fields.UNKNOWN
+        return fields.message_for(code, param or ""), param, code
+    if kind in fields.CODES:  # raised by gateway/fields.py, naming a field below where its validator ran
+        param = param_path([*first.get("loc", ()), *_split(str(context.get("param", "")))]) or ""
+        return fields.message_for(kind, param, str(context.get("detail", ""))), param, kind
     shown = first.get("input")
     show = param and "got" not in message and not isinstance(shown, (dict, list))
     suffix = f" (got {shown!r})" if show else ""
-    return (f"{param}: {message}{suffix}" if param else message), param
+    return (f"{param}: {message}{suffix}" if param else message), param, None
+
+
+def _split(param: str) -> list[object]:
+    """`content[1].type` as a location: ["content", 1, "type"]."""
+    parts: list[object] = []
+    for name in param.split("."):
+        head, *indexes = name.replace("]", "").split("[")
+        parts += [head, *(int(index) for index in indexes)]
+    return [part for part in parts if part != ""]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -72,8 +102,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         count(request, 400)
-        message, param = _describe(exc)
-        return JSONResponse(error_body(400, message, param), status_code=400)
+        message, param, code = _describe(exc)
+        return JSONResponse(error_body(400, message, param, code), status_code=400)
 
     def unavailable(request: Request, what: str, cause: BaseException) -> JSONResponse:
         """An outage (what is away, and the error that says so), not a bug in the request: 503 and when to come

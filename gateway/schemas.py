@@ -1,4 +1,8 @@
-"""OpenAI request shapes, validated with clear messages. Unknown fields are ignored, as OpenAI clients send many."""
+"""OpenAI request shapes, validated with clear messages.
+
+Every field is served, accepted as a no-op (it cannot change the answer), or refused unless it asks for nothing
+(gateway/fields.py); a field of neither OpenAI's API nor Mirror-SD's extensions is refused, as OpenAI refuses
+it (docs/api.md, "Request fields")."""
 
 from __future__ import annotations
 
@@ -6,16 +10,31 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway import fields
+from gateway.fields import Refusal, check_part, refuse_unsupported
 from services.speculative.params import SamplingParams
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """A request part whose unknown fields are refused (code unknown_parameter), never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def refuse(self, rules: dict[str, Refusal]) -> None:
+        refuse_unsupported({name: getattr(self, name) for name in rules}, rules)
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # refused when true: no padding is sent
+
+    @model_validator(mode="after")
+    def _supported(self) -> "StreamOptions":
+        self.refuse(fields.STREAM_OPTIONS)
+        return self
 
 
-class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class SamplingFields(Strict):
     model: str
     max_tokens: int | None = Field(None, le=2**31 - 1, description="default 16 (completions) or the limit (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -25,9 +44,10 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = Field(None, validate_default=True)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    n: int | None = 1
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False  # vLLM extension, for benchmarks
     return_token_ids: bool = False  # vLLM extension: the output's token ids in the choice
     # Mirror-SD extension: "ar" asks for plain target decoding (no draft), e.g. to compare; "sd" is the
@@ -36,7 +56,7 @@ class SamplingFields(BaseModel):
     # vLLM extension: requests share work (a prefix's KV, an identical generation) only with requests of the same
     # salt; a tenant's own salt keeps its prompts from being guessed through another tenant's timings.
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
-    user: str | None = None
+    user: str | None = None  # no-op: OpenAI's abuse-monitoring id
 
     @field_validator("max_tokens")
     @classmethod
@@ -56,11 +76,7 @@ class SamplingFields(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _supported(self) -> "SamplingFields":
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (one choice per request), got {self.n}")
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported (must be 0)")
+    def _top_k_off(self) -> "SamplingFields":
         if self.top_k == -1:
             self.top_k = 0
         return self
@@ -72,8 +88,11 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
-    echo: bool = False
+    # known, refused unless they ask for nothing (gateway/fields.py COMPLETIONS)
+    echo: bool | None = False
     logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "CompletionRequest":
@@ -86,26 +105,72 @@ class CompletionRequest(SamplingFields):
                 self.prompt = self.prompt[0]
         if self.prompt == "":
             raise ValueError("prompt must not be empty")
-        if self.echo or self.logprobs:
-            raise ValueError("echo and logprobs are not supported")
+        return self
+
+    @model_validator(mode="after")
+    def _supported(self) -> "CompletionRequest":
+        self.refuse(fields.COMPLETIONS)
         return self
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ContentPart(BaseModel):
+    """One part of a message's content; only text is served (gateway/fields.py check_part)."""
 
+    model_config = ConfigDict(extra="allow")  # an image part's own fields: its type is what is refused
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
+    # known, refused unless they ask for nothing (gateway/fields.py MESSAGE)
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatMessage":
+        self.refuse(fields.MESSAGE)
+        for index, part in enumerate(self.content if isinstance(self.content, list) else []):
+            check_part(index, part.type, part.text, part.model_extra or {})
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+            return "".join(part.text or "" for part in self.content)
         return self.content or ""
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    # no-ops: they cannot change the answer (docs/api.md, "Request fields")
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    # known, refused unless they ask for nothing (gateway/fields.py CHAT)
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    audio: dict | None = None
+    modalities: list[str] | None = None
+    prediction: dict | None = None
+    web_search_options: dict | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @model_validator(mode="after")
     def _max_tokens_alias(self) -> "ChatCompletionRequest":
@@ -113,4 +178,9 @@ class ChatCompletionRequest(SamplingFields):
             if self.max_completion_tokens <= 0:
                 raise ValueError(f"max_completion_tokens must be >= 1, got {self.max_completion_tokens}")
             self.max_tokens = self.max_completion_tokens
+        return self
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatCompletionRequest":
+        self.refuse(fields.CHAT)
         return self

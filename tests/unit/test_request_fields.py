@@ -1,0 +1,79 @@
+"""The request-field decisions (gateway/fields.py) as pure functions, OpenAI's way of naming a field's place,
+and docs/api.md's field table kept in step with the schemas."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from gateway import fields
+from gateway.errors import _split, param_path
+from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from tests.conftest import REPO_ROOT
+
+
+def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with_why():
+    defaults = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "logprobs": False,
+                "top_logprobs": None, "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+                "store": False, "service_tier": "default", "modalities": ["text"], "verbosity": "medium"}
+    assert fields.first_refused(defaults, fields.CHAT) is None
+    assert fields.first_refused({}, fields.CHAT) is None  # absent is the default
+    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "n": 2}, fields.CHAT)
+    assert param == "n"  # the first in the table's order
+    assert detail == "must be 1 or absent: one choice per request (got 2)"
+    assert fields.first_refused({"response_format": {"type": "json_schema"}}, fields.CHAT)[0] == "response_format"
+
+
+def test_a_default_matches_in_type_too_where_json_tells_them_apart():
+    assert fields.first_refused({"n": True}, fields.CHAT)[0] == "n"  # true is not 1
+    assert fields.first_refused({"store": 0}, fields.CHAT)[0] == "store"  # 0 is not false
+    assert fields.first_refused({"logprobs": 0}, fields.COMPLETIONS)[0] == "logprobs"  # 0 asks for logprobs
+    assert fields.first_refused({"logprobs": 0}, fields.CHAT) is None  # chat's logprobs is a flag: 0 is off
+
+
+def test_a_content_part_other_than_text_is_refused_by_its_type():
+    with pytest.raises(ValidationError) as refused:
+        ChatMessage.model_validate({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]})
+    error = refused.value.errors()[0]
+    assert error["type"] == fields.UNSUPPORTED and error["ctx"]["param"] == "content[0].type"
+    assert ChatMessage.model_validate({"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]}).text() == "ab"
+
+
+def test_param_paths_are_written_as_openai_writes_them():
+    assert param_path(("body", "messages", 0, "content", 1, "type")) == "messages[0].content[1].type"
+    assert param_path(("body", "stream_options", "include_usage")) == "stream_options.include_usage"
+    assert param_path(("body",)) is None
+    assert _split("content[1].type") == ["content", 1, "type"]
+    assert _split("tool_calls") == ["tool_calls"]
+
+
+def schema_fields() -> set[str]:
+    names = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    names |= {f"stream_options.{name}" for name in StreamOptions.model_fields}
+    names |= {f"messages[].{name}" for name in ChatMessage.model_fields}
+    return names | {"messages[].content[].type"}  # refused by value, in the message's own check
+
+
+def documented_fields() -> set[str]:
+    text = (REPO_ROOT / "docs" / "api.md").read_text()
+    section = text.split("## Request fields", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for row in re.findall(r"^\| (`[^|]*) \|", section, flags=re.MULTILINE):
+        names |= set(re.findall(r"`([^`]+)`", row))
+    return names
+
+
+def test_the_docs_table_names_every_field_the_schemas_accept_and_no_other():
+    assert documented_fields() == schema_fields()
+
+
+def test_every_refusal_rule_is_a_field_of_its_schema():
+    """A rule for a field the schema does not declare would never see a value (and the field would be refused
+    as unknown instead)."""
+    assert set(fields.CHAT) <= set(ChatCompletionRequest.model_fields)
+    assert set(fields.COMPLETIONS) <= set(CompletionRequest.model_fields)
+    assert set(fields.MESSAGE) <= set(ChatMessage.model_fields)
+    assert set(fields.STREAM_OPTIONS) <= set(StreamOptions.model_fields)
