@@ -36,9 +36,11 @@ def sse_payload(line: str) -> dict | str | None:
     return data if data == DONE else json.loads(data)
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, **extra) -> dict:
-    """A streamed chat completion of one user message, with its token ids and its usage chunk."""
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+def chat_body(model: str, prompt: str | list[dict], max_tokens: int, **extra) -> dict:
+    """A streamed chat completion of one user message (or of a whole chat's messages), with its token ids and
+    its usage chunk."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return {"model": model, "messages": messages, "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, **extra}
 
 

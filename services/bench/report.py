@@ -104,7 +104,7 @@ def apply_bound(row: Aggregate, target_ms_per_token: float | None, draft_ms_per_
 def scopes(runs: list[PromptRun]) -> dict[str, list[PromptRun]]:
     grouped: dict[str, list[PromptRun]] = {"all": list(runs)}
     for run in runs:
-        grouped.setdefault(f"group:{run.prompt.group}", []).append(run)
+        grouped.setdefault(f"group:{run.group}", []).append(run)
         grouped.setdefault(f"category:{run.prompt.category}", []).append(run)
     return grouped
 
@@ -173,9 +173,11 @@ def to_json(rows: list[Aggregate], runs_by_mode: dict[str, list[PromptRun]], met
         "runs": [
             {
                 "mode": run.mode,
-                "id": run.prompt.id,
+                "id": run.id,
+                "prompt_id": run.prompt.id,
+                "turn": run.turn,
                 "category": run.prompt.category,
-                "group": run.prompt.group,
+                "group": run.group,
                 "matches_ar": run.matches_ar,
                 "rouge_l": run.rouge_l,
                 **{k: v for k, v in run.result.to_dict().items() if k != "text"},

@@ -12,16 +12,16 @@ from pathlib import Path
 from services.bench.journal import JOURNAL_NAME, Journal
 from services.bench.peers import hf_generate, parse_peer_mode
 from services.bench.plots import plot_acceptance_per_position, plot_speedup
-from services.bench.prompts import BenchPrompt, stratified
+from services.bench.prompts import BenchPrompt, Turn, stratified
 from services.bench.report import build_report, to_json, to_markdown
-from services.bench.runner import PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l
+from services.bench.runner import Encode, PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l
 from services.config import Settings
 from services.engine import GenerationOptions, GenerationResult, generate
 from services.engine.profile import measure_cost_model, measure_verify_profile
 from services.models.drafters import load_draft_source
 from services.models.synthetic_spec import ReferenceBook
 from services.models.loading import LoadedModel
-from services.models.tokenization import encode_prompt
+from services.models.tokenization import encode_messages
 from services.speculative.cost_model import CostModel
 from services.speculative.params import SamplingParams
 from services.synthetic import describe_label
@@ -66,6 +66,12 @@ class BenchConfig:
     report_only: bool = False  # run nothing: report the prompts the journal holds in every mode
     meta: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        conversation = next((prompt for prompt in self.prompts if prompt.later_turns), None)
+        if not self.chat and conversation is not None:
+            raise ValueError(f"prompt {conversation.id!r} has {len(conversation.turns)} turns: a conversation needs "
+                             "the chat template (leave out --no-chat, or keep first turns with --max-turns 1)")
+
     def fingerprint(self, target: LoadedModel, settings: Settings) -> dict:
         """What must match for journalled runs to be reused (modes and prompts may differ: they are per run,
         and each run carries its prompt's hash)."""
@@ -95,7 +101,7 @@ def _stack_mode(config: BenchConfig, settings: Settings, resources: ExitStack) -
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     client = resources.enter_context(httpx.Client(base_url=config.url, headers=headers, timeout=600))
     model, label = served_model(client, settings.target)
-    return (lambda prompt, _prompt_ids, options: run_one(client, model, prompt, options)), label
+    return (lambda turn, options: run_one(client, model, turn, options)), label
 
 
 def _mode_label(mode: str, target_spec: str) -> dict | None:
@@ -126,8 +132,21 @@ def _stack_overheads(redis_url: str, run: Callable[[], dict[str, list[PromptRun]
                   "pipeline": pipeline_summary(timing_before, draft_timing(redis_url))}
 
 
-def _never_run(prompt: BenchPrompt, _prompt_ids: list[int], _options: GenerationOptions) -> GenerationResult:
-    raise AssertionError(f"--report-only ran {prompt.id}")
+def _never_run(turn: Turn, _options: GenerationOptions) -> GenerationResult:
+    raise AssertionError(f"--report-only ran {turn.id}")
+
+
+def _encoder(target: LoadedModel, chat: bool) -> Encode:
+    """A turn's chat as the target's prompt ids: through its chat template, or a lone first turn's plain text
+    (--no-chat; BenchConfig refuses conversations without a template)."""
+    if chat:
+        return lambda messages: encode_messages(target.tokenizer, messages)
+
+    def plain(messages: list[dict]) -> list[int]:
+        assert len(messages) == 1, "a conversation without the chat template"
+        return target.tokenizer.encode(messages[0]["content"])
+
+    return plain
 
 
 def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tuple[RunPrompt, ReferenceBook | None]:
@@ -139,7 +158,7 @@ def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tupl
             assistant = load_draft_source(peer.draft, target, speculative=settings.speculative).model
             if assistant is None or not hasattr(assistant.model, "generate"):
                 raise ValueError(f"mode {mode!r}: hf-assisted needs a model draft that transformers can run, not {peer.draft!r}")
-        return (lambda _prompt, prompt_ids, options: hf_generate(target, prompt_ids, options, peer, assistant)), None
+        return (lambda turn, options: hf_generate(target, turn.prompt_ids, options, peer, assistant)), None
     source = load_draft_source("none" if mode == "ar" else mode.split(":", 1)[1], target,
                                speculative=settings.speculative, llamacpp=settings.llamacpp,
                                cache_dir=settings.cache_dir, suffix=settings.suffix)
@@ -147,12 +166,11 @@ def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tupl
     if settings.speculative.block_policy == "cost" and not source.is_none:
         cost = measure_cost_model(target, source, settings.cache_dir)
         logger.info("%s: cost model %s", mode, cost)
-    return (lambda _prompt, prompt_ids, options: generate(target, source, prompt_ids, replace(options, cost=cost)),
+    return (lambda turn, options: generate(target, source, turn.prompt_ids, replace(options, cost=cost)),
             source.references)
 
 
 def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_dir: Path) -> BenchOutcome:
-    encoded = {p.id: encode_prompt(target.tokenizer, p.prompt, chat=config.chat) for p in config.prompts}
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
                                 speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
     with ExitStack() as resources:
@@ -174,14 +192,14 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
         def feed_books(run: PromptRun) -> None:  # synthetic drafts replay ar's greedy output
             if run.mode == "ar":
                 for book in books:
-                    book.add(encoded[run.prompt.id], run.result.token_ids)
+                    book.add(run.prompt_ids, run.result.token_ids)
                 if publish is not None:  # the stack's synthetic draft too, through its Redis
-                    publish(encoded[run.prompt.id], run.result.token_ids)
+                    publish(run.prompt_ids, run.result.token_ids)
 
         def run_all() -> dict[str, list[PromptRun]]:
-            return run_interleaved(modes, stratified(config.prompts), encoded, options, repeat=config.repeat,
-                                   warmup=config.warmup, progress=config.progress, journal=journal, after=feed_books,
-                                   journalled_only=config.report_only)
+            return run_interleaved(modes, stratified(config.prompts), _encoder(target, config.chat), options,
+                                   repeat=config.repeat, warmup=config.warmup, progress=config.progress,
+                                   journal=journal, after=feed_books, journalled_only=config.report_only)
 
         if "stack" in modes and not config.report_only:
             runs_by_mode, transport = _stack_overheads(config.redis_url or settings.redis_url, run_all)
@@ -224,8 +242,9 @@ def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, li
     labels = labels or {}
     rows = build_report(runs_by_mode, overrides, verify_curve, synthetic_modes=set(labels))
     num_prompts = len({run.prompt.id for runs in runs_by_mode.values() for run in runs})
-    meta = {**config.meta, "modes": config.modes, "num_prompts": num_prompts, "target": target.name,
-            "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
+    num_turns = len({run.id for runs in runs_by_mode.values() for run in runs})  # measured requests per mode
+    meta = {**config.meta, "modes": config.modes, "num_prompts": num_prompts, "num_turns": num_turns,
+            "target": target.name, "max_new_tokens": config.max_new_tokens, "temperature": config.sampling.temperature,
             "seed": config.sampling.seed, "repeat": config.repeat, "verify_ms": verify_curve.verify_ms}
     if transport:
         meta["transport_overhead"] = transport

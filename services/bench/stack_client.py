@@ -6,7 +6,7 @@ import logging
 
 import httpx
 
-from services.bench.prompts import BenchPrompt
+from services.bench.prompts import Turn
 from services.engine import GenerationOptions, GenerationResult
 from services.gateway_client import GatewayHTTPError, chat_body, stream_chat
 from services.speculative.stats import SpecDecodingStats
@@ -25,14 +25,15 @@ def _stats(payload: dict) -> SpecDecodingStats:
     return stats
 
 
-def run_one(client: httpx.Client, model: str, prompt: BenchPrompt, options: GenerationOptions) -> GenerationResult:
+def run_one(client: httpx.Client, model: str, turn: Turn, options: GenerationOptions) -> GenerationResult:
+    """One turn through the gateway: its chat messages (the stack's own earlier answers in them), streamed."""
     sampling = options.sampling
-    body = chat_body(model, prompt.prompt, options.max_new_tokens, temperature=sampling.temperature,
+    body = chat_body(model, turn.messages, options.max_new_tokens, temperature=sampling.temperature,
                      top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
     try:
-        answer = stream_chat(client, body).raise_for_error(prompt.id)
+        answer = stream_chat(client, body).raise_for_error(turn.id)
     except GatewayHTTPError as exc:
-        raise RuntimeError(f"{prompt.id}: {exc}") from None
+        raise RuntimeError(f"{turn.id}: {exc}") from None
     return GenerationResult(
         text=answer.text, token_ids=answer.token_ids or [],
         prompt_tokens=(answer.usage.get("usage") or {}).get("prompt_tokens", 0),

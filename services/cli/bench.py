@@ -24,6 +24,7 @@ def bench(
     limit: Annotated[int | None, typer.Option(min=1, help="the first N prompts of the order balanced over categories")] = None,
     per_group: Annotated[int | None, typer.Option("--per-group", min=1, help="first N open and N grounded")] = None,
     categories: Annotated[str | None, typer.Option(help="comma list of categories")] = None,
+    max_turns: Annotated[int | None, typer.Option("--max-turns", min=1, help="a conversation's first N user turns (Spec-Bench's MT-bench, ShareGPT, data/repeated_work.jsonl); each turn is a request of its own, answered with the mode's own earlier answers in context (default: every turn)")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     repeat: Annotated[int, typer.Option(min=1, help="runs of each prompt (or, with --concurrency, of each level) per mode, the modes taking turns; with --concurrency in alternating order, each turn reported")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="8-token runs before each mode's first timed run; with --concurrency, untimed passes of each level (C requests at C in flight, 8 tokens) by every stack mode before its timed runs")] = 1,
@@ -100,7 +101,7 @@ def bench(
         config = BenchConfig(
             modes=parse_modes(modes),
             prompts=select_prompts(load_prompts(Path(prompts)), limit=limit, per_group=per_group,
-                                   categories=categories.split(",") if categories else None),
+                                   categories=categories.split(",") if categories else None, max_turns=max_turns),
             sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
             max_new_tokens=max_new_tokens, repeat=repeat, warmup=warmup, url=url, api_key=api_key, redis_url=redis_url,
             chat=chat, progress=progress, resume=resume, report_only=report_only,
@@ -255,7 +256,8 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
         chosen = load_prompts(Path(prompts))
         if max_prompt_chars is not None:
             chosen = [prompt for prompt in chosen if len(prompt.prompt) <= max_prompt_chars]
-        chosen = select_prompts(chosen, limit=limit, per_group=per_group,
+        # a closed loop of independent requests: a conversation's first turn only (docs/benchmarks.md)
+        chosen = select_prompts(chosen, limit=limit, per_group=per_group, max_turns=1,
                                 categories=categories.split(",") if categories else None)
         config = ConcurrencyConfig(levels=parse_levels(levels), modes=parse_concurrency_modes(modes, baseline_url),
                                    prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,

@@ -67,10 +67,14 @@ class ReferenceBook:
         self._by_prompt[tuple(prompt_ids)] = [*prompt_ids, *output_ids]
 
     def _find_here(self, context_ids: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+        """The reference whose prompt starts the context and that goes on past it, the longest prompt first: a
+        conversation's turn 2 starts with turn 1's prompt, but only its own reference knows what comes next."""
+        found = None
         for prompt, reference in self._by_prompt.items():
-            if len(context_ids) >= len(prompt) and tuple(context_ids[: len(prompt)]) == prompt:
-                return prompt, reference
-        return None
+            if len(prompt) <= len(context_ids) < len(reference) and tuple(context_ids[: len(prompt)]) == prompt:
+                if found is None or len(prompt) > len(found[0]):
+                    found = prompt, reference
+        return found
 
     def find_with_prompt(self, context_ids: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
         """(the reference's prompt, the reference), or None when no reference run starts the context."""

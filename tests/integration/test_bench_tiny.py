@@ -161,3 +161,97 @@ def test_models_profile_prints_the_verify_curve_per_layout(bench_setup):
         assert all(value > 0 for value in curves[layout].values())
     bad = CliRunner().invoke(app, ["models", "profile", "--target", str(target), "--layout", "blocked"])
     assert bad.exit_code != 0 and "--layout 'blocked'" in bad.output
+
+
+# the word-level tiny tokenizer's chat: each message's words in turn, so a chat's ids are its messages' words
+TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat_setup(bench_setup):
+    """The tiny target with a chat template, and a 2-turn prompt file (Spec-Bench's MT-bench format)."""
+    from transformers import AutoTokenizer
+
+    root, target, draft, _ = bench_setup
+    chat_target = root / "chat_target"
+    save_tiny_model(chat_target, seed=0, words=WORDS)
+    tokenizer = AutoTokenizer.from_pretrained(chat_target)
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.save_pretrained(chat_target)
+    prompts = root / "two_turns.jsonl"
+    lines = [{"question_id": 81, "category": "writing", "turns": ["w3 w9 w4 w20 w11", "w5 w5 w6"]},
+             {"question_id": 82, "category": "words", "turns": [" ".join(f"w{i % 7 + 2}" for i in range(20)),
+                                                                "w8 w2 w7"]},
+             {"question_id": 83, "category": "words", "turns": ["w30 w31"]}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return root, chat_target, draft, prompts, tokenizer
+
+
+def _turn_inputs_are_each_modes_own_chat(out, prompts, tokenizer) -> None:
+    """Every turn-2 run's input (its journalled prompt hash) is turn 1, that mode's own answer to it, turn 2."""
+    from services.bench.journal import prompt_hash
+    from services.models.tokenization import encode_messages
+
+    lines = map(json.loads, prompts.read_text().splitlines())
+    conversations = {str(line["question_id"]): line["turns"] for line in lines}
+    journal = _journal(out)
+    answers = {(run["mode"], run["prompt_id"]): run["result"]["text"] for run in journal}
+    later = [run for run in journal if "/turn" in run["prompt_id"]]
+    assert {run["prompt_id"] for run in later} == {"81/turn2", "82/turn2"}
+    for run in later:
+        first, second = conversations[run["prompt_id"].split("/")[0]]
+        chat = [{"role": "user", "content": first},
+                {"role": "assistant", "content": answers[(run["mode"], run["prompt_id"].split("/")[0])]},
+                {"role": "user", "content": second}]
+        assert run["prompt_hash"] == prompt_hash(encode_messages(tokenizer, chat)), (run["mode"], run["prompt_id"])
+
+
+def test_bench_runs_every_turn_of_a_conversation_in_every_mode(chat_setup):
+    root, target, draft, prompts, tokenizer = chat_setup
+    out = root / "turns"
+    modes = f"ar,sd:ngram,sd:synthetic:0.8,sd:{draft},hf-lookup:3"
+    result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes", modes,
+                                      "-n", "12", "--no-progress", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "MISMATCH" not in result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["num_prompts"] == 3 and data["meta"]["num_turns"] == 5
+    runs = data["runs"]
+    reference = {run["id"]: run["token_ids"] for run in runs if run["mode"] == "ar"}
+    assert sorted(reference) == ["81", "81/turn2", "82", "82/turn2", "83"]
+    for run in runs:  # turn by turn, every mode reproduces target-only greedy decoding
+        assert run["token_ids"] == reference[run["id"]], (run["mode"], run["id"])
+        assert run["group"] == ("turn2+" if run["turn"] == 2 else "open")
+        if run["mode"] != "ar":
+            assert run["matches_ar"] is True
+    _turn_inputs_are_each_modes_own_chat(out, prompts, tokenizer)
+    rows = {(row["mode"], row["scope"]): row for row in data["aggregates"]}
+    assert rows[("sd:ngram", "group:turn2+")]["num_prompts"] == 2
+    assert rows[("sd:ngram", "group:open")]["num_prompts"] == 3
+    assert rows[("sd:ngram", "category:writing")]["num_prompts"] == 2  # a category holds all its turns
+    assert rows[("sd:synthetic:0.8", "group:turn2+")]["acceptance_rate"] > 0.3  # ar's turn-2 output, replayed
+    assert "| sd:ngram | group:turn2+ | 2 |" in (out / "results.md").read_text()
+    first_only = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes", "ar",
+                                          "-n", "4", "--max-turns", "1", "--no-progress", "--out", str(root / "first")])
+    assert first_only.exit_code == 0, first_only.output
+    assert sorted(run["id"] for run in json.loads((root / "first" / "results.json").read_text())["runs"]) == [
+        "81", "82", "83"]
+    plain = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes", "ar",
+                                     "--no-chat", "--out", str(root / "plain")])
+    assert plain.exit_code != 0 and "prompt '81' has 2 turns" in plain.output
+
+
+def test_sampled_turns_carry_each_modes_own_sampled_answer(chat_setup):
+    root, target, _, prompts, tokenizer = chat_setup
+    out = root / "turns_sampled"
+    result = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes",
+                                      "ar,sd:ngram,hf-lookup", "-n", "10", "--temperature", "1.0", "--seed", "5",
+                                      "--no-progress", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert len(runs) == 15 and all(run["matches_ar"] is None for run in runs)
+    first_answers = {}
+    for run in _journal(out):
+        first_answers.setdefault(run["prompt_id"], set()).add(run["result"]["text"])
+    assert len(first_answers["81"] | first_answers["82"]) > 2  # the modes sampled answers of their own...
+    _turn_inputs_are_each_modes_own_chat(out, prompts, tokenizer)  # ...and each went on with its own

@@ -68,7 +68,9 @@ def test_a_synthetic_stack_is_lossless_and_labelled(tmp_path):
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"id": f"p{index}", "category": "c", "prompt": text}) + "\n"
                                    for index, text in enumerate(["What is the capital of France?",
-                                                                 "Name three colours."])))
+                                                                 "Name three colours."]))
+                           + json.dumps({"id": "chat", "category": "c",  # a conversation: its chat through HTTP
+                                         "turns": ["Name a river.", "Now shorten your answer."]}) + "\n")
         out = tmp_path / "bench"
         result = CliRunner().invoke(app, [
             "bench", "--target", "random:tiny", "--prompts", str(prompts), "--modes", "ar,stack", "-n", "24",
@@ -80,6 +82,9 @@ def test_a_synthetic_stack_is_lossless_and_labelled(tmp_path):
         ar = {run["id"]: run["token_ids"] for run in data["runs"] if run["mode"] == "ar"}
         stacked = {run["id"]: run["token_ids"] for run in data["runs"] if run["mode"] == "stack"}
         assert stacked == ar and all(ar.values())  # greedy through the stack == target-only, token for token
+        assert "chat/turn2" in ar  # the stack's turn 2 carried its own answer: the same chat ar built, so the
+        turn2 = next(run for run in data["runs"] if run["mode"] == "stack" and run["id"] == "chat/turn2")
+        assert turn2["stats"]["num_accepted_tokens"] > 0  # same prompt ids, and ar's published reference applied
         rows = {(row["mode"], row["scope"]): row for row in data["aggregates"]}
         assert rows[("stack", "all")]["synthetic"] and rows[("ar", "all")]["synthetic"]  # random weights
         assert rows[("stack", "all")]["acceptance_rate"] > 0  # the draft found the published references

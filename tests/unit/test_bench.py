@@ -17,14 +17,31 @@ def test_reads_ours_spec_bench_and_sharegpt(tmp_path):
     spec_bench = tmp_path / "question.jsonl"
     spec_bench.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["T1", "T2"]}) + "\n")
     sharegpt = tmp_path / "sg.json"
-    sharegpt.write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "H"}, {"from": "gpt", "value": "G"}]}]))
+    sharegpt.write_text(json.dumps([{"id": "x", "conversations": [
+        {"from": "human", "value": "H"}, {"from": "gpt", "value": "G"}, {"from": "human", "value": "H2"}]}]))
     assert load_prompts(ours) == [BenchPrompt("a", "qa", "P", 3)]
-    assert load_prompts(spec_bench) == [BenchPrompt("81", "writing", "T1", 0)]
-    assert load_prompts(sharegpt) == [BenchPrompt("x", "sharegpt", "H", 0)]
+    assert load_prompts(spec_bench) == [BenchPrompt("81", "writing", "T1", 0, ("T2",))]  # every turn, in order
+    assert load_prompts(sharegpt) == [BenchPrompt("x", "sharegpt", "H", 0, ("H2",))]  # the user's turns only
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": 1}\n')
     with pytest.raises(ValueError, match="line 1"):
         load_prompts(bad)
+    for turns in ([], ["T1", ""], "T1"):
+        bad.write_text(json.dumps({"id": "a", "turns": turns}) + "\n")
+        with pytest.raises(ValueError, match="line 1: 'turns' must hold at least one user turn"):
+            load_prompts(bad)
+
+
+def test_a_conversation_names_and_groups_its_turns():
+    prompt = BenchPrompt("81", "writing", "T1", 5, ("T2", "T3"))
+    assert prompt.turns == ("T1", "T2", "T3")
+    assert [prompt.turn_id(turn) for turn in (1, 2, 3)] == ["81", "81/turn2", "81/turn3"]
+    assert [prompt.turn_group(turn) for turn in (1, 2, 3)] == ["grounded", "turn2+", "turn2+"]
+    prompts = [prompt, BenchPrompt("1", "qa", "P")]
+    assert [p.turns for p in select_prompts(prompts, max_turns=2)] == [("T1", "T2"), ("P",)]
+    assert [p.turns for p in select_prompts(prompts, max_turns=1)] == [("T1",), ("P",)]
+    with pytest.raises(ValueError, match="--max-turns must be at least 1"):
+        select_prompts(prompts, max_turns=0)
 
 
 def test_select_per_group_and_category():
@@ -35,12 +52,13 @@ def test_select_per_group_and_category():
     assert len(select_prompts(prompts, limit=3)) == 3
 
 
-def fake_run(mode, prompt_id, group_chars, tokens, seconds, drafted=0, accepted=0, ttft=0.01):
+def fake_run(mode, prompt_id, group_chars, tokens, seconds, drafted=0, accepted=0, ttft=0.01, turn=1):
     stats = SpecDecodingStats()
     if drafted:
         stats.observe(drafted, accepted)
     result = GenerationResult("", tokens, 5, "length", stats, mode, ttft, seconds)
-    return PromptRun(mode, BenchPrompt(prompt_id, "chat", "p", group_chars), result)
+    later = ("p2",) if turn > 1 else ()
+    return PromptRun(mode, BenchPrompt(prompt_id, "chat", "p", group_chars, later), result, turn=turn)
 
 
 def test_report_speedup_and_mismatch():
@@ -56,6 +74,80 @@ def test_report_speedup_and_mismatch():
     assert rows[("ar", "all")].acceptance_rate is None  # nothing drafted: no rate, not 0
     assert rows[("sd:x", "all")].num_mismatches == 1
     assert "| sd:x | all | 2 | 6 |" in to_markdown(list(rows.values()))
+
+
+def test_later_turns_are_checked_and_reported_as_their_own_group():
+    ar = [fake_run("ar", "1", 0, [1, 2], 1.0), fake_run("ar", "1", 0, [3, 4], 1.0, turn=2)]
+    sd = [fake_run("sd:x", "1", 0, [1, 2], 0.5), fake_run("sd:x", "1", 0, [3, 5], 0.5, turn=2)]
+    assert check_against_ar(sd, ar) == ["1/turn2"]  # turn by turn, not the conversation's first answer only
+    rows = {(row.mode, row.scope): row for row in build_report({"ar": ar, "sd:x": sd})}
+    assert rows[("sd:x", "group:open")].num_prompts == 1 and rows[("sd:x", "group:turn2+")].num_prompts == 1
+    assert rows[("sd:x", "group:turn2+")].num_mismatches == 1
+    assert rows[("sd:x", "category:chat")].num_prompts == 2  # a category holds all its turns
+    from services.bench.report import to_json
+
+    runs = to_json([], {"sd:x": sd}, {})["runs"]
+    assert [(run["id"], run["prompt_id"], run["turn"], run["group"]) for run in runs] == [
+        ("1", "1", 1, "open"), ("1/turn2", "1", 2, "turn2+")]
+
+
+def _echo_mode(name):
+    """A mode that answers every turn with its name and the number of messages it was given."""
+    seen = []
+
+    def run(turn, options):
+        seen.append(turn)
+        text = f"{name}{len(turn.messages)}"
+        return GenerationResult(text, [len(turn.messages)], len(turn.prompt_ids), "length", SpecDecodingStats(),
+                                name, 0.0, 0.0)
+
+    return run, seen
+
+
+def test_each_mode_answers_a_conversation_with_its_own_earlier_answers(tmp_path):
+    from services.bench.journal import Journal
+    from services.bench.runner import run_interleaved
+    from services.engine import GenerationOptions
+    from services.speculative.params import SamplingParams
+
+    (ar, ar_seen), (sd, sd_seen) = _echo_mode("a"), _echo_mode("s")
+    prompts = [BenchPrompt("c", "chat", "T1", 0, ("T2", "T3")), BenchPrompt("p", "qa", "P")]
+    encode = lambda messages: [ord(message["content"][0]) for message in messages]  # noqa: E731
+    options = GenerationOptions(sampling=SamplingParams(temperature=0.0), max_new_tokens=4)
+    journal = Journal(tmp_path / "runs.jsonl", {"f": 1}, resume=None)
+    runs = run_interleaved({"ar": ar, "sd": sd}, prompts, encode, options, warmup=0, progress=False, journal=journal)
+    assert [(run.id, run.turn, run.group) for run in runs["sd"]] == [
+        ("c", 1, "open"), ("c/turn2", 2, "turn2+"), ("c/turn3", 3, "turn2+"), ("p", 1, "open")]
+    third = sd_seen[2]
+    assert third.id == "c/turn3" and third.messages == [
+        {"role": "user", "content": "T1"}, {"role": "assistant", "content": "s1"},
+        {"role": "user", "content": "T2"}, {"role": "assistant", "content": "s3"},
+        {"role": "user", "content": "T3"}]
+    assert ar_seen[2].messages[1]["content"] == "a1"  # ar's chat holds ar's answers, not sd's
+    assert runs["sd"][2].prompt_ids == encode(third.messages)
+    # resumed, nothing runs again: turn 2's input is rebuilt from the journalled answer and found by its hash
+    (ar2, ar2_seen), (sd2, sd2_seen) = _echo_mode("a"), _echo_mode("s")
+    again = run_interleaved({"ar": ar2, "sd": sd2}, prompts, encode, options, warmup=0, progress=False,
+                            journal=Journal(tmp_path / "runs.jsonl", {"f": 1}, resume=True))
+    assert not ar2_seen and not sd2_seen and [run.id for run in again["ar"]] == [run.id for run in runs["ar"]]
+    # a report of the journal alone keeps a conversation up to the first turn some mode lacks
+    lines = (tmp_path / "runs.jsonl").read_text().splitlines()
+    (tmp_path / "cut.jsonl").write_text("\n".join(line for line in lines if '"c/turn3"' not in line) + "\n")
+    never = lambda turn, options: pytest.fail(f"ran {turn.id}")  # noqa: E731
+    partial = run_interleaved({"ar": never, "sd": never}, prompts, encode, options, progress=False,
+                              journal=Journal(tmp_path / "cut.jsonl", {"f": 1}, resume=None, read_only=True),
+                              journalled_only=True)
+    assert [run.id for run in partial["sd"]] == ["c", "c/turn2", "p"]
+
+
+def test_a_conversation_needs_the_chat_template():
+    from services.bench.run import BenchConfig
+    from services.speculative.params import SamplingParams
+
+    conversation = [BenchPrompt("c", "chat", "T1", 0, ("T2",))]
+    with pytest.raises(ValueError, match="prompt 'c' has 2 turns: a conversation needs the chat template"):
+        BenchConfig(modes=["ar"], prompts=conversation, sampling=SamplingParams(), max_new_tokens=4, chat=False)
+    assert BenchConfig(modes=["ar"], prompts=conversation, sampling=SamplingParams(), max_new_tokens=4).chat
 
 
 def test_parse_modes():

@@ -60,3 +60,6 @@ def test_a_chat_body_asks_for_a_stream_with_ids_and_usage():
     body = chat_body("m", "hi", 8, temperature=0)
     assert body["stream"] and body["return_token_ids"] and body["stream_options"] == {"include_usage": True}
     assert body["messages"] == [{"role": "user", "content": "hi"}] and body["temperature"] == 0
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+            {"role": "user", "content": "and?"}]
+    assert chat_body("m", chat, 8)["messages"] == chat  # a whole chat, as given

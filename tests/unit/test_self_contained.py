@@ -10,7 +10,7 @@ import subprocess
 
 from typer.main import get_command
 
-from services.bench.prompts import DEV_PROMPTS_PATH, load_prompts
+from services.bench.prompts import DEV_PROMPTS_PATH, REPEATED_WORK_PATH, load_prompts
 from tests.conftest import REPO_ROOT
 
 # Spelled in pieces, so that this file does not match itself.
@@ -32,6 +32,29 @@ def test_dev_prompts_ship_in_the_repository_and_parse():
         assert isinstance(record["prompt"], str) and record["prompt"], record["id"]
     assert len({record["id"] for record in records}) == len(records)
     assert len(load_prompts(DEV_PROMPTS_PATH)) == 283  # and the bench's reader takes it as it is
+
+
+def test_the_repeated_work_set_ships_and_each_record_is_well_formed():
+    records = [json.loads(line) for line in REPEATED_WORK_PATH.read_text().splitlines() if line.strip()]
+    assert 30 <= len(records) <= 48 and len({record["id"] for record in records}) == len(records)
+    schemas = set()
+    for record in records:
+        assert set(record) == {"id", "category", "turns", "context_chars", "source"}, record.get("id")
+        turns, category = record["turns"], record["category"]
+        assert isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns), record["id"]
+        assert category in ("rework", "extraction_schema", "code_edit"), record["id"]
+        assert len(turns) >= (1 if category == "extraction_schema" else 2), record["id"]  # later turns rework
+        assert any(licence in record["source"] for licence in ("Apache-2.0", "CC BY-SA 4.0", "MIT")), record["id"]
+        assert 0 <= record["context_chars"] <= len(turns[0]), record["id"]
+        if category == "extraction_schema":  # one instruction and schema, a different document each time
+            instruction, document = turns[0].split("Document:\n")
+            schemas.add(instruction)
+            assert 100 <= len(document.split()) <= 400 and record["context_chars"] == len(document), record["id"]
+    assert len(schemas) == 1
+    assert sum(record["category"] == "extraction_schema" for record in records) >= 10
+    prompts = load_prompts(REPEATED_WORK_PATH)  # the bench reads every turn, in order
+    assert [list(prompt.turns) for prompt in prompts] == [record["turns"] for record in records]
+    assert [prompt.id for prompt in prompts] == [record["id"] for record in records]
 
 
 def test_bench_defaults_to_the_repository_prompt_set():

@@ -90,6 +90,18 @@ def test_a_serving_book_fetches_on_a_miss_and_an_unknown_prompt_drafts_nothing()
     assert known.propose([5, 6], 3, SamplingParams(), None).token_ids == [7, 8, 9]
 
 
+def test_a_later_turn_finds_its_own_reference_not_the_first_turns():
+    """Turn 2's prompt starts with turn 1's; turn 1's reference ends before turn 2's context does."""
+    published = [([5, 6], [7, 8])]
+    book = ReferenceBook(fetch=lambda: list(published))
+    assert SyntheticDrafter(1.0, book, vocab_size=20).propose([5, 6], 2, SamplingParams(), None).token_ids == [7, 8]
+    published.append(([5, 6, 7, 8, 9], [10, 11]))  # turn 2: turn 1, its answer, the next user turn
+    turn2 = SyntheticDrafter(1.0, book, vocab_size=20)
+    assert turn2.propose([5, 6, 7, 8, 9], 3, SamplingParams(), None).token_ids == [10, 11]  # fetched on the miss
+    book.add([5], [6, 7, 8, 9, 12])  # a shorter prompt that also starts the context: the longest prompt wins
+    assert book.find([5, 6, 7, 8, 9]) == [5, 6, 7, 8, 9, 10, 11]
+
+
 def test_labels_say_what_is_synthetic():
     assert synthetic_label("smollm2-135m", "auto") is None
     label = synthetic_label("random:llama-1b", "synthetic:0.9@8ms")
