@@ -95,6 +95,9 @@ class SuffixSettings(BaseModel):
                                        "draft's speed could then reveal another tenant's text; off by default")
     max_depth: int = Field(32, ge=2, description="longest match looked for, tokens")
     min_match: int = Field(2, ge=1, description="shortest match a draft is made from")
+    max_draft_tokens: int = Field(16, ge=1, description="a sure match may be drafted this long, past the block "
+                                  "length chosen for the model draft (it costs nothing to draft; its length is "
+                                  "the one with the most expected tokens per verified cost)")
     min_prob: float = Field(0.1, gt=0.0, le=1.0, description="a draft stops where the estimated chance that all "
                             "its tokens are right falls below this")
     max_spec_factor: float = Field(1.0, gt=0.0, description="a draft is at most this many tokens per matched "

@@ -35,7 +35,7 @@ from services.config import SpeculativeSettings
 from services.link.meter import RoundTrip, transport_ms
 from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
 from services.models.drafters.batched import DraftCall, bound_draft_context
-from services.models.drafters.suffix import bind_tenant
+from services.models.drafters.suffix import bind_prices, bind_tenant
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
 from services.speculative.block_length import BlockLengthController, RecentRounds, opens_plain, within_limits
 from services.speculative.bridging import bridge_lead
@@ -125,6 +125,7 @@ class DraftSession:
         self.drafter = drafter if spec.route == "sd" else None
         bound_draft_context(self.drafter, len(spec.prompt_ids), speculative.draft_context_tokens)
         bind_tenant(self.drafter, spec.tenant)
+        bind_prices(self.drafter, cost)
         self.recent = recent
         prior = recent.alpha() if recent is not None else None
         # only a session that may draft takes a turn at exploring (a plain-route session would use up the turn)
@@ -231,8 +232,10 @@ class DraftSession:
         have = len(self._ready_ids)
         if length <= have:
             return None
+        remaining = self.spec.max_new_tokens - self.num_output
+        longest = within_limits(remaining, remaining, self.spec.max_draft_tokens) - have  # a suffix draft's
         return DraftCall(self.drafter, [*self.committed, *self._ready_ids], length - have, self.sampling,
-                         self._stream(self.round))
+                         self._stream(self.round), max_draft_tokens=max(longest, length - have))
 
     def next_block(self, proposal: DraftProposal | None = None, draft_s: float = 0.0) -> DraftBlock:
         """The next block: the speculated tokens ready for it, topped up with `proposal` (draft_call's)."""

@@ -18,8 +18,9 @@ from services.engine.stopping import OutputState
 from services.engine.context import check_request_fits
 from services.engine.target import TargetSession, run_step
 from services.models.engine import TargetEngine, TorchEngine
-from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
 from services.models.drafters.batched import bound_draft_context
+from services.models.drafters.suffix import bind_prices
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController, opens_plain, within_limits
 from services.speculative.stats import SpecDecodingStats
@@ -50,6 +51,7 @@ class GenerationSession:
                                          ignore_eos=options.ignore_eos)
         cost = options.cost if options.speculative.block_policy == "cost" else None
         self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
+        bind_prices(drafter, options.cost)
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)
@@ -92,7 +94,9 @@ class GenerationSession:
         started = time.perf_counter()
         if num_draft_tokens > 0:
             stream = self.sampling.make_stream("draft", self.target_session.round_index)
-            proposal = self.drafter.propose(self.target_session.token_ids, num_draft_tokens, self.sampling, stream)
+            longest = within_limits(self.output.remaining, self.output.remaining, self.target_session.room)
+            proposal = self.drafter.propose(self.target_session.token_ids, num_draft_tokens, self.sampling, stream,
+                                            **longer_allowed(self.drafter, longest))
         drafted = time.perf_counter()
         self.target_session.set_draft(proposal.token_ids, proposal.probs)
         result = None

@@ -93,8 +93,9 @@ def test_the_acceptance_meter_reads_what_the_target_kept():
 
 
 def test_the_choice_takes_a_sure_suffix_draft_and_the_model_otherwise():
-    drafter = SuffixModelDrafter(SuffixDrafter(), NgramDrafter(ngram_max=2, ngram_min=1),
-                                 prices=DraftPrices(model_draft=0.3, verify_growth=0.05), prior_alpha=0.6)
+    prices = DraftPrices(model_draft=0.3, verify_growth=0.05)
+    drafter = SuffixModelDrafter(SuffixDrafter(prices=prices), NgramDrafter(ngram_max=2, ngram_min=1),
+                                 prior_alpha=0.6)
     repeated = [40, 41, 42, 43, 44, 45, 46, 47, 48, 7, 40, 41, 42, 43, 44]
     assert drafter.propose(repeated, 4, GREEDY, None).token_ids == [45, 46, 47, 48]
     assert drafter.num_lookup_rounds == 1
@@ -115,6 +116,21 @@ def test_the_choice_is_tokens_per_cost():
     assert not suffix_pays(1.0, 4, model_alpha=0.9, model_tokens=4, prices=free)
     assert not suffix_pays(5.0, 0, model_alpha=0.1, model_tokens=4, prices=prices)  # nothing to send
     assert suffix_pays(0.5, 2, model_alpha=0.9, model_tokens=0, prices=prices)
+
+
+def test_a_sure_long_match_is_drafted_past_the_length_asked_as_far_as_it_pays():
+    drafter = SuffixDrafter(options=SuffixOptions(max_spec_factor=2.0, max_draft_tokens=12),
+                            prices=DraftPrices(verify_curve={1: 1.0, 2: 1.1, 8: 1.5, 16: 2.0}))
+    context = [*range(100, 130), 7, *range(100, 110)]
+    assert len(drafter.propose(context, 4, GREEDY, None).token_ids) == 4  # no room given: as asked
+    assert drafter.propose(context, 4, GREEDY, None, max_draft_tokens=40).token_ids == list(range(110, 122))
+    assert drafter.propose(context, 4, GREEDY, None, max_draft_tokens=6).token_ids == list(range(110, 116))
+    # where verifying costs more than a shaky token is worth, the draft is cut short
+    dear = SuffixDrafter(prices=DraftPrices(verify_curve={1: 1.0, 2: 2.0, 3: 3.0}))
+    dear.history = History(capacity=1024)
+    for follow in (1, 2, 3):
+        dear.history.add("", [], [50, 51, 52, follow])
+    assert dear.propose([50, 51, 52], 4, GREEDY, None).token_ids == []
 
 
 def test_options_bound_the_draft_by_its_match():

@@ -45,6 +45,15 @@ def per_token_probs(proposal: DraftProposal) -> list[torch.Tensor | None]:
     return list(proposal.probs)
 
 
+def longer_allowed(drafter, max_draft_tokens: int | None) -> dict:
+    """propose()'s keyword for a drafter that may propose more than it was asked (`extends = True`: a suffix
+    draft, free to draft and sure of a long match), up to max_draft_tokens (the request's end, the context's
+    room); nothing for the others."""
+    if max_draft_tokens is None or not getattr(drafter, "extends", False):
+        return {}
+    return {"max_draft_tokens": max_draft_tokens}
+
+
 class Drafter(Protocol):
     """Per-session drafter: stateful (caches) but driven only by the committed context."""
 

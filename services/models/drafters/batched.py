@@ -29,7 +29,7 @@ import torch
 
 from services.models.engine import TorchEngine
 from services.models.decoder import ForwardRow
-from services.models.drafters.base import DraftProposal, Drafter
+from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
@@ -45,6 +45,8 @@ class DraftCall:
     num_draft_tokens: int
     sampling: SamplingParams
     generator: torch.Generator | None
+    # the most tokens the block may hold (the request's end): a drafter that extends may propose up to this
+    max_draft_tokens: int | None = None
 
 
 class DraftEngine:
@@ -208,7 +210,7 @@ def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
         lookup = getattr(drafter, "lookup", None)
         if lookup is not None:  # HybridDrafter, SuffixModelDrafter: the lookup's draft when it has (or pays)
             proposal = drafter.propose_lookup(call.context_ids, call.num_draft_tokens, call.sampling,
-                                              call.generator)
+                                              call.generator, **longer_allowed(drafter, call.max_draft_tokens))
             if proposal is not None:
                 results[index] = proposal
                 continue
@@ -218,7 +220,7 @@ def propose_many(calls: list[DraftCall]) -> list[DraftProposal]:
             batched.setdefault(id(drafter.draft_engine), []).append((index, model_call))
         else:
             results[index] = drafter.propose(call.context_ids, call.num_draft_tokens, call.sampling,
-                                             call.generator)
+                                             call.generator, **longer_allowed(drafter, call.max_draft_tokens))
             if drafter is not call.drafter and hasattr(call.drafter, "model_proposed"):
                 call.drafter.model_proposed(call.context_ids, results[index])
     for group in batched.values():

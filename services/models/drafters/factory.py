@@ -174,12 +174,12 @@ class DraftSource:
         self.shared_history()
         options = SuffixOptions(max_depth=settings.max_depth, min_prob=settings.min_prob,
                                 max_spec_factor=settings.max_spec_factor, max_spec_offset=settings.max_spec_offset,
-                                min_match=settings.min_match)
-        lookup = SuffixDrafter(self.history, options, name=self.spec)
+                                min_match=settings.min_match, max_draft_tokens=settings.max_draft_tokens)
+        prices = DraftPrices(model_draft=settings.model_draft_cost, verify_growth=settings.verify_growth)
+        lookup = SuffixDrafter(self.history, options, name=self.spec, prices=prices)
         if self.model is None and self.engine is None:
             return lookup
-        prices = DraftPrices(model_draft=settings.model_draft_cost, verify_growth=settings.verify_growth)
-        return SuffixModelDrafter(lookup, self._model_drafter(), prices=prices, name=self.spec)
+        return SuffixModelDrafter(lookup, self._model_drafter(), name=self.spec)
 
 
 def load_draft_source(

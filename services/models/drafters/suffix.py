@@ -23,7 +23,8 @@ import torch
 from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.history import History
 from services.models.drafters.suffix_index import SuffixDraft, SuffixIndex
-from services.speculative.draft_choice import DraftPrices, suffix_pays
+from services.speculative.cost_model import CostModel
+from services.speculative.draft_choice import DraftPrices, best_suffix_length, suffix_pays
 from services.speculative.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class SuffixOptions:
     max_spec_factor: float = 1.0  # a draft is at most this many tokens per matched token (plus the offset)
     max_spec_offset: float = 1.0
     min_match: int = 2  # shortest match a draft is made from
+    max_draft_tokens: int = 16  # a sure match may be drafted this long, past the block length asked for
 
 
 class AcceptanceMeter:
@@ -82,13 +84,15 @@ class SuffixDrafter:
     """A session's suffix drafter (name "suffix")."""
 
     stepwise = False
+    extends = True  # may propose more than asked: up to options.max_draft_tokens, as long as it pays
 
     def __init__(self, history: History | None = None, options: SuffixOptions | None = None, *,
-                 tenant: str = "", name: str = "suffix") -> None:
+                 tenant: str = "", name: str = "suffix", prices: DraftPrices | None = None) -> None:
         self.name = name
         self.history = history
         self.tenant = tenant
         self.options = options or SuffixOptions()
+        self.prices = prices or DraftPrices()  # a session with a measured cost model binds its own (bind_prices)
         self._index: SuffixIndex | None = None
         self._seen: list[int] = []  # the tokens indexed, in order
         self.meter = AcceptanceMeter(prior=0.5)
@@ -123,28 +127,34 @@ class SuffixDrafter:
         self._index.extend(new)
         self._seen.extend(new)
 
-    def speculate(self, context_ids: Sequence[int], num_draft_tokens: int) -> SuffixDraft:
-        """The better of the session's own and the tenant history's drafts (higher score); empty when neither
-        matches at least min_match tokens."""
+    def speculate(self, context_ids: Sequence[int], num_draft_tokens: int,
+                  max_draft_tokens: int | None = None) -> SuffixDraft:
+        """The better of the session's own and the tenant history's drafts (higher score), cut where its
+        tokens stop paying for their verification; empty when neither matches min_match tokens. Up to
+        num_draft_tokens, or with max_draft_tokens (the request's end) up to options.max_draft_tokens."""
         self.meter.observe(context_ids)
         self._sync(context_ids)
         options = self.options
+        limit = num_draft_tokens
+        if max_draft_tokens is not None:
+            limit = max(num_draft_tokens, min(options.max_draft_tokens, max_draft_tokens))
         kwargs = {"min_prob": options.min_prob, "max_spec_factor": options.max_spec_factor,
                   "max_spec_offset": options.max_spec_offset}
-        local = replace(self._index.speculate(context_ids, num_draft_tokens, **kwargs), source="conversation")
-        fleet = (replace(self.history.speculate(self.tenant, context_ids, num_draft_tokens, **kwargs),
+        local = replace(self._index.speculate(context_ids, limit, **kwargs), source="conversation")
+        fleet = (replace(self.history.speculate(self.tenant, context_ids, limit, **kwargs),
                          source="history") if self.history is not None else SuffixDraft())
         best = fleet if fleet.score > local.score else local
         if best.match_length < options.min_match:
             best = SuffixDraft()
+        best = best.cut(best_suffix_length(best.cumulative_probs, self.prices))
         self.last_draft = best
         return best
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> DraftProposal:
+                generator: torch.Generator | None, max_draft_tokens: int | None = None) -> DraftProposal:
         if num_draft_tokens <= 0 or not context_ids:
             return DraftProposal([], None)
-        draft = self.speculate(context_ids, num_draft_tokens)
+        draft = self.speculate(context_ids, num_draft_tokens, max_draft_tokens)
         self.note(context_ids, draft)
         return DraftProposal(list(draft.token_ids), None)
 
@@ -172,19 +182,24 @@ class SuffixModelDrafter:
     "suffix:<model>"). Batched drafting (drafters/batched.py) asks `propose_lookup` first, as for the hybrid,
     and steps the model halves of the sessions that chose the model together."""
 
-    def __init__(self, lookup: SuffixDrafter, model: Drafter, *, prices: DraftPrices | None = None,
-                 prior_alpha: float = 0.6, name: str = "suffix") -> None:
+    extends = True
+
+    def __init__(self, lookup: SuffixDrafter, model: Drafter, *, prior_alpha: float = 0.6,
+                 name: str = "suffix") -> None:
         self.name = name
         self.lookup = lookup
         self.model = model
-        self.prices = prices or DraftPrices()
         self.model_meter = AcceptanceMeter(prior=prior_alpha)
         self.num_lookup_rounds = 0
         self.num_model_rounds = 0
 
+    @property
+    def prices(self) -> DraftPrices:
+        return self.lookup.prices
+
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> DraftProposal:
-        proposal = self.propose_lookup(context_ids, num_draft_tokens, sampling, generator)
+                generator: torch.Generator | None, max_draft_tokens: int | None = None) -> DraftProposal:
+        proposal = self.propose_lookup(context_ids, num_draft_tokens, sampling, generator, max_draft_tokens)
         if proposal is not None:
             return proposal
         proposal = self.model.propose(context_ids, num_draft_tokens, sampling, generator)
@@ -192,13 +207,13 @@ class SuffixModelDrafter:
         return proposal
 
     def propose_lookup(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
-                       generator: torch.Generator | None) -> DraftProposal | None:
+                       generator: torch.Generator | None, max_draft_tokens: int | None = None) -> DraftProposal | None:
         """The suffix draft when it pays this round, else None (the model drafts: propose_many calls
         model_proposed with what it drafted)."""
         if num_draft_tokens <= 0:
             return DraftProposal([], None)
         self.model_meter.observe(context_ids)
-        draft = self.lookup.speculate(context_ids, num_draft_tokens)
+        draft = self.lookup.speculate(context_ids, num_draft_tokens, max_draft_tokens)
         # its frequencies are estimates: scaled by what the target kept of its earlier drafts against them
         calibrated = draft.score * min(1.0, self.lookup.meter.calibration)
         if suffix_pays(calibrated, len(draft.token_ids), model_alpha=self.model_meter.alpha,
@@ -232,3 +247,11 @@ def bind_tenant(drafter: Drafter | None, tenant: str) -> None:
     suffix = suffix_drafter(drafter)
     if suffix is not None:
         suffix.tenant = tenant
+
+
+def bind_prices(drafter: Drafter | None, cost: CostModel | None) -> None:
+    """A session's suffix drafts priced by its measured cost model (the target's curve, the model draft's cost);
+    the settings' defaults stay where none is measured."""
+    suffix = suffix_drafter(drafter)
+    if suffix is not None and cost is not None:
+        suffix.prices = DraftPrices.from_cost(cost, suffix.prices)
