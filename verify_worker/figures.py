@@ -31,9 +31,6 @@ class StepCounters:
         return self.rows / self.steps if self.steps else 0.0
 
 
-STAGES = ("intake", "wait", "draft", "plan", "prepare", "forward", "apply", "events", "commit")
-
-
 @dataclass
 class StageTimes:
     """Where a verify worker's turns spend their time, summed per stage (seconds, cumulative, like StepCounters;

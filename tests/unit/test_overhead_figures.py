@@ -129,3 +129,19 @@ def test_the_report_has_one_line_per_level_and_route_and_every_stage(tmp_path):
     assert "No profile: py-spy is not installed" in write_markdown(
         tmp_path / "n.md", info, floor, rows, Profiles(tool="none", level=None,
                                                        note="py-spy is not installed")).read_text()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--levels", "1,8"], "--levels is for --overhead"),
+    (["--overhead", "--levels", "0,8"], "--levels '0,8': every level must be >= 1"),
+    (["--overhead", "--levels", "one"], "--levels 'one': use a comma list of integers"),
+    (["--overhead", "--concurrency", "1,8"], "--overhead starts a stack of its own"),
+])
+def test_bad_overhead_options_are_refused_naming_the_option(args, message):
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    result = CliRunner().invoke(app, ["bench", *args, "--out", "/nonexistent/never-written"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
