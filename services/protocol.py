@@ -533,6 +533,7 @@ class Heartbeat(Message):
     profile: dict = field(default_factory=dict)  # measured at start-up, e.g. {"verify_ms_1": 43.0}
     batch_rows: float = 0.0  # verify workers: mean rows per target step
     step_counters: dict = field(default_factory=dict)  # verify workers, cumulative: steps, rows, forward_s, step_s
+    stage_times: dict = field(default_factory=dict)  # verify workers, cumulative: seconds per stage of a turn
     prefix_cache: dict = field(default_factory=dict)  # verify workers: lookups, hits, reused_tokens (cumulative), retired
     pid: int = 0  # the worker's process on its host (the chaos drill's kill -9)
     host: str = ""

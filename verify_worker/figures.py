@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -31,8 +32,42 @@ class StepCounters:
 
 
 @dataclass
+class StageTimes:
+    """Where a verify worker's turns spend their time, summed per stage (seconds, cumulative, like StepCounters;
+    `mirror-sd bench --overhead` reads differences per level). Each stage is a perf_counter delta taken around
+    code the loop runs anyway: a few timer reads a turn, nothing per token.
+
+    intake: popping blocks from Redis (the non-blocking pops), decoding them, admitting them (a new session reads
+      its request from Redis); wait: blocked on an empty queue, and the batch window for blocks on their way;
+    draft: co-located drafting (placement local); plan: choosing the step's rows, the KV budget, the threads;
+    prepare / forward / apply: building the rows, the engine's forward, the round math (services/engine/target.py
+    StepSplit); events: the output events and verdicts built from the results; commit: their pipelined Redis
+    round trip (the commit script); turn: every turn's whole time, so other = turn - the stages above
+    (cancellation checks, expiries, figures)."""
+
+    turns: int = 0
+    turn_s: float = 0.0
+    intake_s: float = 0.0
+    wait_s: float = 0.0
+    draft_s: float = 0.0
+    plan_s: float = 0.0
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    apply_s: float = 0.0
+    events_s: float = 0.0
+    commit_s: float = 0.0
+
+    def since(self, stage: str, started: float) -> float:
+        """Adds the time since `started` (a perf_counter reading) to `stage`; returns now, the next stage's start."""
+        now = time.perf_counter()
+        self.__dict__[f"{stage}_s"] += now - started
+        return now
+
+
+@dataclass
 class WorkerFigures:
     counters: StepCounters = field(default_factory=StepCounters)
+    stages: StageTimes = field(default_factory=StageTimes)
     rounds: deque = field(default_factory=lambda: deque(maxlen=200))  # (drafted, accepted) of recent rounds
     token_ms: deque = field(default_factory=lambda: deque(maxlen=200))  # step ms per committed token, recent
     # the same, of steps another session shared (two rows or more): what load does to a stream. A lone stream's
@@ -80,6 +115,7 @@ class WorkerFigures:
             "latency_p99_shared_ms": _p99(sorted(self.shared_token_ms)),
             "batch_rows": self.counters.mean_rows,
             "step_counters": asdict(self.counters),
+            "stage_times": asdict(self.stages),
         }
 
 

@@ -44,7 +44,7 @@ import torch
 
 from services import protocol
 from services.config import MergingSettings, SchedulerSettings
-from services.engine.target import RoundResult, run_step
+from services.engine.target import RoundResult, StepSplit, run_step
 from services.engine.wide_steps import WIDE_MIN_TOKENS
 from services.link.meter import smoothed
 from services.models.engine import TargetEngine
@@ -154,13 +154,17 @@ class VerifyWorker:
                 stop.wait(0.1)
 
     def turn(self, poll_s: float = 0.5) -> int:
-        """One intake, local drafting, batch window and step; returns the rows stepped (0: idle)."""
+        """One intake, local drafting, batch window and step; returns the rows stepped (0: idle). Its stages are
+        timed into self.figures.stages (verify_worker/figures.py StageTimes)."""
+        stages = self.figures.stages
+        turn_started = time.perf_counter()
         raws = self._pop(0.0 if self._carried or self._ready() or self._local_due()
                          else min(poll_s, self._bridge_wait()))
         carried, self._carried = self._carried, []
         self._admit_blocks(carried + self._decode(raws))
         started = time.perf_counter()
         self._draft_local()
+        stages.since("draft", started)
         self._wait_for_expected_blocks()
         self._check_cancellations()
         self.sessions.drop_idle(IDLE_SESSION_S)
@@ -174,6 +178,8 @@ class VerifyWorker:
         arms = self.local.turns if self.local is not None else self.load_word
         self._snapshot = (len(self.sessions), self.sessions.kv_bytes, self.sessions.prefix_figures(),
                           arms.to_dict() if arms is not None else {})
+        stages.turns += 1
+        stages.since("turn", turn_started)
         return rows
 
     def _ready(self) -> list[VerifySession]:
@@ -228,6 +234,7 @@ class VerifyWorker:
         """Queued blocks, own queue first, each with whether it came from the pool's queue; waits up to
         timeout_s for the first when nothing is queued. The pool's new sessions only as far as this worker has
         room (at least min_room)."""
+        started = time.perf_counter()
         room = max(min_room, self.scheduler.max_batch_size - len(self._ready()))
         with self.client.pipeline(transaction=False) as pipe:
             pipe.lpop(self.queues[0], self.scheduler.max_batch_size)
@@ -236,13 +243,16 @@ class VerifyWorker:
             replies = pipe.execute()
         own, pooled = replies[0], replies[1] if room else None
         raws = [(raw, False) for raw in own or []] + [(raw, True) for raw in pooled or []]
+        waiting = self.figures.stages.since("intake", started)
         if raws or timeout_s <= 0:
             return raws
         item = self.client.blpop(self.queues, timeout=max(timeout_s, 0.001))
+        self.figures.stages.since("wait", waiting)
         return [(item[1], item[0].decode() == self.queues[1])] if item else []
 
     def _decode(self, raws: list[tuple[bytes, bool]]) -> list[tuple[DraftBlock, bool]]:
         """Popped messages as blocks, each with whether it came from the pool; a bad one is counted and dropped."""
+        started = time.perf_counter()
         decoded = []
         for raw, pooled in raws:
             try:
@@ -250,12 +260,18 @@ class VerifyWorker:
             except ProtocolError as exc:
                 self.num_bad_messages += 1
                 logger.warning("dropped a bad message: %s", exc)
+        self.figures.stages.since("intake", started)
         return decoded
 
     def _admit(self, raws: list[tuple[bytes, bool]]) -> None:
         self._admit_blocks(self._decode(raws))
 
     def _admit_blocks(self, arrived: list[tuple[DraftBlock, bool]]) -> None:
+        started = time.perf_counter()
+        self._place_blocks(arrived)
+        self.figures.stages.since("intake", started)
+
+    def _place_blocks(self, arrived: list[tuple[DraftBlock, bool]]) -> None:
         blocks, taken = [], []
         for block, pooled in arrived:
             if block.draft_here and block.request_id in self.sessions:
@@ -433,6 +449,8 @@ class VerifyWorker:
 
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> int:
+        stages = self.figures.stages
+        planning = time.perf_counter()
         ready = {session.request_id: session for session in self._ready()}
         planned = plan_step(
             (Candidate(key, session.spec.priority, session.target.num_pending_tokens,
@@ -449,22 +467,30 @@ class VerifyWorker:
         streaming = [s.target.streaming for s in sessions]  # running streams, not prompts being prefilled
         load, busy = self._load(), self._busy_drafts()  # the load this step runs at, whose drafts are busy
         wide = self._set_threads(num_tokens, busy)
+        stages.since("plan", planning)
+        split = StepSplit()
         try:
             forward_started = time.perf_counter()
-            results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen])
+            results = run_step(self.engine, [s.target for s in sessions], [budget for _, budget in chosen], split)
             forward_s = self._forward_s = time.perf_counter() - forward_started
         except Exception as exc:  # the process boundary: fail the step's requests, keep serving
             logger.exception("a step over %d rows failed", len(sessions),
                              extra={"request_ids": [s.request_id for s in sessions]})
             self.commits.fail([(s.request_id, s.block) for s in sessions], f"{type(exc).__name__}: {exc}")
             return 0
+        stages.prepare_s += split.prepare_s
+        stages.forward_s += split.forward_s
+        stages.apply_s += split.apply_s
         remote = any(s.drafted_remotely for s in sessions)
         arriving = self._arrivals() if remote else []
         try:
+            building = time.perf_counter()
             rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving]) if remote \
                 else (len(sessions), load)
             items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
+            committing = stages.since("events", building)
             self.commits.publish(items)
+            stages.since("commit", committing)
             self._continue_chains(sessions)
         except BaseException:
             self._carried = arriving  # taken at the next turn's intake (after an outage: once Redis is back)

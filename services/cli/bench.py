@@ -49,13 +49,17 @@ def bench(
     merging: Annotated[bool, typer.Option("--merging", help="similar-request merging through the stack at --url: TTFT sharing a ~1,000-token prefix against cold, 8 identical requests against one, unrelated prompts against --baseline-url (a stack with merging off)")] = False,
     draft_link: Annotated[str | None, typer.Option("--draft-link", metavar="RTT_MS[:JITTER_MS],...", help="the bench once per level, the stack's draft workers behind a link of that RTT (and jitter), side by side in <out>/links.md; the stack must run a draft link (mirror-sd up --draft-link 0)")] = None,
     link_turns: Annotated[int, typer.Option("--link-turns", min=1, help="with --draft-link: the levels taken in turn this many times (0,20,0,20,...) so the box's drift falls on every level alike; each level's figures are the median of its turns, and links.md adds each level over the first, turn by turn")] = 1,
+    overhead: Annotated[bool, typer.Option("--overhead", help="the stack's machinery against a near-free target: starts its own stack (random:tiny, synthetic:1.0 draft, placement local, private Redis), decodes the prompts in process first, then each of --levels through the plain route (stack-ar) and the speculative one (stack): tok/s, TPOT against in process, TTFT, the verify worker's step split per stage, CPU per streamed token, py-spy profiles (overhead.md, overhead.json); --limit defaults to 16 prompts")] = False,
+    overhead_levels: Annotated[str | None, typer.Option("--levels", help="with --overhead: streams in flight, comma list (default 1,8,32,64)")] = None,
+    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="with --overhead: one more pass of the largest level per route under py-spy, untimed")] = True,
     capacity: Annotated[str | None, typer.Option("--capacity", metavar="TOK_S|itl:MS", help="verifier capacity: the streams in flight each still getting this many tokens/s (10) or an ITL p50 of at most this (itl:100), per mode, from a concurrency bench (levels default 1,2,4,8,16,32, modes stack,stack-ar); with --draft-link, against RTT (capacity.png)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
 
     With --concurrency: throughput and latency of a running stack at each number of requests in flight,
     against its own plain route and transformers' static batching (hf-batch).
-    With --draft-link: either, once per link level between the draft workers and Redis."""
+    With --draft-link: either, once per link level between the draft workers and Redis.
+    With --overhead: the stack's machinery against a near-free target, on a stack it starts itself."""
     from pathlib import Path
 
     from services.bench.prompts import load_prompts, select_prompts
@@ -63,6 +67,17 @@ def bench(
     from services.config import get_settings
     from services.speculative.params import SamplingParams
 
+    if overhead:
+        from services.cli.bench_overhead import bench_overhead
+
+        if draft_link or concurrency or capacity or merging:
+            fail("--overhead starts a stack of its own: not with --draft-link, --concurrency, --capacity or --merging")
+        bench_overhead(prompts=prompts, levels=overhead_levels, limit=limit, max_prompt_chars=max_prompt_chars,
+                       requests=requests, max_new_tokens=max_new_tokens, warmup=warmup, threads=threads, chat=chat,
+                       profile=profile, out=out)
+        return
+    if overhead_levels is not None:
+        fail("--levels is for --overhead (a running stack's levels: --concurrency)")
     settings = get_settings()
     levels = _parse_link_levels(draft_link, merging, redis_url or settings.redis_url)
     if link_turns > 1 and levels is None:

@@ -21,6 +21,7 @@ and after a verify worker rebuilt it elsewhere.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -138,11 +139,29 @@ class TargetSession:
         self.sequence.release()
 
 
+@dataclass
+class StepSplit:
+    """Where one step's time went (seconds): building the rows, the engine's forward, the round math per row.
+    run_step fills it when given one; the verify worker sums it per stage (verify_worker/figures.py)."""
+
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    apply_s: float = 0.0
+
+
 def run_step(engine: TargetEngine, sessions: Sequence[TargetSession],
-             token_budgets: Sequence[int | None] | None = None) -> list[RoundResult | None]:
+             token_budgets: Sequence[int | None] | None = None,
+             split: StepSplit | None = None) -> list[RoundResult | None]:
     """One forward over every session's row; a session whose row was a prefill chunk gets None."""
     budgets = token_budgets or [None] * len(sessions)
+    started = time.perf_counter()
     rows = [session.prepare(budget) for session, budget in zip(sessions, budgets)]
+    prepared = time.perf_counter()
     logits = engine.forward(rows)
-    return [None if row_logits is None else session.apply(row_logits)
-            for session, row_logits in zip(sessions, logits)]
+    forwarded = time.perf_counter()
+    results = [None if row_logits is None else session.apply(row_logits)
+               for session, row_logits in zip(sessions, logits)]
+    if split is not None:
+        split.prepare_s, split.forward_s = prepared - started, forwarded - prepared
+        split.apply_s = time.perf_counter() - forwarded
+    return results
