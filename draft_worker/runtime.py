@@ -30,7 +30,7 @@ from services import protocol
 from services.config import Settings, get_settings
 from services.engine.profile import cached_draft_profile
 from services.models.drafters import DraftSource
-from services.history_feed import follow_history
+from services.history_feed import follow_history, history_figures
 from services.models.drafters.serving import load_serving_draft
 from services.protocol import DraftFallback, OutputEvent, SessionSpec, Verdict
 from services.link.meter import TRIP_FINISH, TRIP_LEASE, TRIP_OPEN
@@ -312,7 +312,8 @@ class DraftHeartbeat(threading.Thread):
                                           num_sessions=runtime.driver.num_sessions, pid=os.getpid(),
                                           host=socket.gethostname(), draft_fallback=runtime.fallback,
                                           link=meter.figures(runtime.driver.blocks_ahead),
-                                          plain_opening_tokens=runtime.plain_opening_tokens)
+                                          plain_opening_tokens=runtime.plain_opening_tokens,
+                                          suffix_history=history_figures(runtime.draft_source))
                 write_heartbeat(runtime.client, beat, settings.worker.heartbeat_ttl_s)
                 runtime.refresh_costs()  # here, so that no session's start waits on reading heartbeats
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again

@@ -87,6 +87,11 @@ class HistoryFeed:
                 time.sleep(RETRY_S)
 
 
+def history_figures(source) -> dict[str, int]:
+    """A draft source's history figures for its heartbeat ({} where it keeps none)."""
+    return source.history.figures() if source.history is not None else {}
+
+
 def follow_history(source, redis_url: str) -> HistoryFeed | None:
     """Start feeding a draft source's history from the fleet's stream (None when it keeps none)."""
     from services.redis_conn import connect

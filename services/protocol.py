@@ -336,6 +336,7 @@ class DraftBlock(Message):
     # from its committed output (draft_ids empty).
     draft_here: bool = False
     sent_at: float = field(default_factory=time.time)
+    drafter: str = ""  # who made draft_ids: "suffix" or "history" (suffix drafts, counted apart in stats), else ""
     # Blocks verified ahead (services/speculative/chaining.py): the sender's number for this block (0: none),
     # and for a chained block the block it extends (assumed accepted whole) and the bonus token it assumes.
     block_id: int = 0
@@ -545,6 +546,9 @@ class Heartbeat(Message):
     # draft workers: a session of at least this many prompt tokens opens with a target-only round while the
     # draft prefills (services/speculative/block_length.py opens_plain); 0: never (prompt lookup drafts)
     plain_opening_tokens: int = 0
+    # drafting processes with suffix drafts: their history of the tenants' outputs (History.figures(): tokens,
+    # bytes held, tenants, outputs indexed)
+    suffix_history: dict = field(default_factory=dict)
     sent_at: float = field(default_factory=time.time)
     NESTED: ClassVar[dict[str, type]] = {"draft_fallback": DraftFallback, "link": LinkFigures}
 

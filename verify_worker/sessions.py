@@ -148,7 +148,7 @@ class VerifySession:
         self._hold(block, first_round_done, base_stats, num_bridged=0)
         self.block_end_round = block.round + max(1, block.num_rounds)
         if not first_round_done:
-            self.target.set_draft(block.draft_ids, decode_probs(block))
+            self.target.set_draft(block.draft_ids, decode_probs(block), block.drafter)
 
     def _hold(self, block: DraftBlock, first_round_done: bool, base_stats: SpecDecodingStats | None,
               num_bridged: int) -> None:
@@ -208,7 +208,8 @@ class VerifySession:
             self.block_end_round = block.round + max(1, block.num_rounds)
             return not self.block_done()
         outcome = fast_forward(block.draft_ids, bridged_ids)
-        self.target.stats.observe_checked(outcome.num_checked, outcome.num_matched, ends_draft=not outcome.rest)
+        self.target.stats.observe_checked(outcome.num_checked, outcome.num_matched, ends_draft=not outcome.rest,
+                                          drafter=block.drafter)
         self._hold(block, not outcome.rest, base_stats, num_bridged=num_bridged)
         if not outcome.rest:
             self.block_end_round = self.round
@@ -216,7 +217,7 @@ class VerifySession:
         self.block_end_round = self.round + max(1, block.num_rounds)
         probs = decode_probs(block)
         skip = outcome.num_matched
-        self.target.set_draft(block.draft_ids[skip:], probs[skip:] if probs is not None else None)
+        self.target.set_draft(block.draft_ids[skip:], probs[skip:] if probs is not None else None, block.drafter)
         return True
 
     def block_done(self) -> bool:

@@ -42,6 +42,7 @@ import msgpack
 import redis
 import torch
 
+from services.history_feed import history_figures
 from services import protocol
 from services.config import MergingSettings, SchedulerSettings
 from services.engine.target import RoundResult, StepSplit, run_step
@@ -680,6 +681,7 @@ class VerifyWorker:
             local_draft=self.local.spec if self.local is not None else "",
             local_turns=arms,
             draft_fallback=self.local.fallback if self.local is not None else None,
+            suffix_history=history_figures(self.local.source) if self.local is not None else {},
             **self.figures.heartbeat_fields(),
         )
         write_heartbeat(self.client, beat, ttl_s)

@@ -88,4 +88,8 @@ class LiveStats:
                 "ttft_ms_p50": pct(0.5), "ttft_ms_p99": pct(0.99),
                 "acceptance_rate": self.spec.acceptance_rate if self.spec.num_draft_tokens else None,
                 "mean_acceptance_length": self.spec.mean_acceptance_length if self.spec.num_drafts else None,
-                "num_drafts": self.spec.num_drafts}
+                "num_drafts": self.spec.num_drafts,
+                # who drafted: the share of drafted rounds a suffix draft made, and of those the tenant's history's
+                "suffix_share": self.spec.num_suffix_drafts / self.spec.num_drafts if self.spec.num_drafts else None,
+                "history_share": (self.spec.num_history_drafts / self.spec.num_suffix_drafts
+                                  if self.spec.num_suffix_drafts else None)}

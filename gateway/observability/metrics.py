@@ -43,6 +43,13 @@ class GatewayMetrics:
         self.num_accepted_tokens_per_pos = Counter(
             "mirror_sd:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the block",
             ["position"], registry=r)
+        self.drafts_by_drafter = Counter(
+            "mirror_sd:spec_decode_num_drafts_by_drafter", "Rounds that verified >= 1 draft token, by who drafted "
+            "the block: suffix (the conversation), history (the tenant's earlier outputs), model (the model draft "
+            "or prompt lookup)", ["drafter"], registry=r)
+        self.accepted_by_drafter = Counter(
+            "mirror_sd:spec_decode_num_accepted_tokens_by_drafter", "Draft tokens accepted, by who drafted the block "
+            "(suffix and history together: suffix)", ["drafter"], registry=r)
         # several gateway processes on one port: the live processes' sum
         self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r,
                               multiprocess_mode="livesum")
@@ -99,6 +106,16 @@ class GatewayMetrics:
             self.num_accepted_tokens.inc(stats.num_accepted_tokens)
             for position, accepted in enumerate(stats.num_accepted_tokens_per_pos):
                 self.num_accepted_tokens_per_pos.labels(str(position)).inc(accepted)
+            for drafter, drafts in drafts_by_drafter(stats).items():
+                self.drafts_by_drafter.labels(drafter).inc(drafts)
+            self.accepted_by_drafter.labels("suffix").inc(stats.num_suffix_accepted_tokens)
+            self.accepted_by_drafter.labels("model").inc(stats.num_accepted_tokens - stats.num_suffix_accepted_tokens)
+
+
+def drafts_by_drafter(stats) -> dict[str, int]:
+    """A request's drafted rounds by who drafted them (SpecDecodingStats' suffix counters)."""
+    return {"suffix": stats.num_suffix_drafts - stats.num_history_drafts, "history": stats.num_history_drafts,
+            "model": stats.num_drafts - stats.num_suffix_drafts}
 
 
 STEP_COUNTERS = {  # a verify worker's heartbeat step_counters: (unit suffix, help)
@@ -137,6 +154,12 @@ class FleetCollector:
                                      lambda b: b.prefix_cache.get("reused_tokens")),
             "prefix_retired_bytes": ("Verify workers: KV bytes of finished sessions kept for prefix reuse",
                                      lambda b: b.prefix_cache.get("retired_bytes")),
+            "suffix_history_tokens": ("Drafting processes: tokens of the tenants' earlier outputs their suffix "
+                                      "drafts read (bounded by suffix.history_tokens per tenant)",
+                                      lambda b: b.suffix_history.get("tokens")),
+            "suffix_history_bytes": ("Drafting processes: memory their suffix history holds (fixed per tenant's "
+                                     "index; suffix.max_tenants indexes at most)",
+                                     lambda b: b.suffix_history.get("bytes")),
         }
         for name, (doc, read) in readings.items():
             family = GaugeMetricFamily(f"mirror_sd:worker_{name}", doc, labels=["worker", "role", "pool"])

@@ -54,4 +54,9 @@ def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
         "mean_acceptance_length": stats.mean_acceptance_length,
         "num_draft_tokens_per_pos": list(stats.num_draft_tokens_per_pos),
         "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos),
+        # who drafted: suffix drafts (of them, from the tenant's history) and their tokens; the rest the model's
+        "num_suffix_drafts": stats.num_suffix_drafts,
+        "num_history_drafts": stats.num_history_drafts,
+        "num_suffix_draft_tokens": stats.num_suffix_draft_tokens,
+        "num_suffix_accepted_tokens": stats.num_suffix_accepted_tokens,
     }

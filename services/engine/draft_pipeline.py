@@ -38,6 +38,7 @@ class Speculation:
     draft_probs: torch.Tensor | None  # [len(draft_ids), vocab] or None (point mass)
     elapsed_s: float
     finished_at: float  # wall clock (time.time) when drafting it ended
+    drafter: str = ""  # who drafted block k+1's first token (DraftProposal.drafter)
 
 
 class SpeculationState:
@@ -58,6 +59,7 @@ class SpeculationState:
         self.stepwise = bool(getattr(drafter, "stepwise", False))
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor | None] = []  # per token; None: a point mass
+        self.drafters: list[str] = []  # per token: DraftProposal.drafter
         self.elapsed_s = 0.0
         self.stalled = False  # the drafter had nothing more to propose
         self.drafted_at = 0.0  # wall clock (time.time) when its last token was drafted
@@ -80,13 +82,15 @@ class SpeculationState:
             return
         self.tokens.extend(proposal.token_ids)
         self.probs.extend(per_token_probs(proposal))
+        self.drafters.extend([proposal.drafter] * proposal.num_draft_tokens)
 
     def result(self) -> Speculation | None:
         """The speculation as drafted so far; None when not even the guess was drafted."""
         if not self.tokens:
             return None
         return Speculation(self.tokens[0], self.tokens[1:], block_probs(self.probs[1:], self.tokens[1:]),
-                           self.elapsed_s, self.drafted_at)  # when drafting ended, not when it is read
+                           self.elapsed_s, self.drafted_at,  # when drafting ended, not when it is read
+                           self.drafters[1] if len(self.drafters) > 1 else "")
 
 
 WARM_UP_TOKENS = 64  # draft prefill per driver turn: a cold session's prompt never holds verdicts up for long

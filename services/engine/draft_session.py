@@ -168,6 +168,7 @@ class DraftSession:
         # block k+1's tokens drafted while block k was verified, when the verdict confirmed them
         self._ready_ids: list[int] = []
         self._ready_probs: torch.Tensor | None = None
+        self._ready_drafter = ""
         self._bridged_hint = 0  # rounds the verify worker bridged before the last block drafted from a verdict
         self._lead = 0  # rounds the next block also drafts for its bridge to have run (after a catch-up read)
         self._plain_for_load = False  # it sent target-only rounds for the load (the verify worker's word, its grid)
@@ -209,7 +210,7 @@ class DraftSession:
 
     def _make_block(self, draft_ids: list[int], probs: torch.Tensor | None, num_rounds: int = 1, *,
                     round_index: int | None = None, num_committed: int | None = None,
-                    parent: DraftBlock | None = None, assumed_bonus: int = -1) -> DraftBlock:
+                    parent: DraftBlock | None = None, assumed_bonus: int = -1, drafter: str = "") -> DraftBlock:
         self._block_serial += 1
         return DraftBlock(
             request_id=self.request_id,
@@ -223,6 +224,7 @@ class DraftSession:
             block_id=self._block_serial,
             parent_id=parent.block_id if parent is not None else 0,
             assumed_bonus=assumed_bonus,
+            drafter=drafter if draft_ids else "",
         )
 
     def draft_call(self) -> DraftCall | None:
@@ -243,8 +245,8 @@ class DraftSession:
         self.catching_up = False
         length = self._block_length()
         self._lead = 0
-        ready_ids, ready_probs = self._ready_ids, self._ready_probs
-        self._ready_ids, self._ready_probs = [], None
+        ready_ids, ready_probs, ready_drafter = self._ready_ids, self._ready_probs, self._ready_drafter
+        self._ready_ids, self._ready_probs, self._ready_drafter = [], None, ""
         if self._plain_opening:
             self._plain_opening = False
             self._opening_block = self._make_block([], None, 1)
@@ -260,12 +262,14 @@ class DraftSession:
             return self._make_block([], None, self._plain_rounds())
         draft_ids = ready_ids[:length]
         rows = list(ready_probs[:length]) if ready_probs is not None else [None] * len(draft_ids)
+        drafter = ready_drafter if draft_ids else ""
         if proposal is not None and proposal.token_ids:
+            drafter = drafter if draft_ids else proposal.drafter  # the block's first token's drafter
             draft_ids = [*draft_ids, *proposal.token_ids]
             rows += per_token_probs(proposal)
         if not draft_ids:  # nothing to propose (no lookup match): one target-only round
             return self._make_block([], None)
-        return self._make_block(draft_ids, block_probs(rows, draft_ids))
+        return self._make_block(draft_ids, block_probs(rows, draft_ids), drafter=drafter)
 
     def _stream(self, round_index: int) -> torch.Generator:
         """Round r's draft randomness: its own seeded stream, so the draft of a round is the same
@@ -366,7 +370,7 @@ class DraftSession:
         speculation = tail.speculating.result()
         return self._make_block(speculation.draft_ids, speculation.draft_probs, 1, round_index=tail.block.round + 1,
                                 num_committed=len(tail.context) + 1, parent=tail.block,
-                                assumed_bonus=speculation.bonus_guess)
+                                assumed_bonus=speculation.bonus_guess, drafter=speculation.drafter)
 
     def ahead_ready(self, depth: int) -> bool:
         """A block could go ahead now, with `depth` blocks allowed out."""
@@ -430,6 +434,7 @@ class DraftSession:
             if self._block_length() > 0 and speculation.draft_ids:
                 # the speculated block is this round's; a short one is topped up from the same stream
                 self._ready_ids, self._ready_probs = speculation.draft_ids, speculation.draft_probs
+                self._ready_drafter = speculation.drafter
                 self.timing.speculation_hits += 1
                 self.timing.hidden_s += hidden_seconds(speculation, flight.sent_wall, verdict.verify_finished_at)
         if not self._ready_ids:

@@ -98,7 +98,7 @@ class GenerationSession:
             proposal = self.drafter.propose(self.target_session.token_ids, num_draft_tokens, self.sampling, stream,
                                             **longer_allowed(self.drafter, longest))
         drafted = time.perf_counter()
-        self.target_session.set_draft(proposal.token_ids, proposal.probs)
+        self.target_session.set_draft(proposal.token_ids, proposal.probs, proposal.drafter)
         result = None
         while result is None:  # a long prompt is prefilled in chunks first
             result = run_step(self.engine, [self.target_session], [self.chunk_size])[0]

@@ -62,6 +62,7 @@ class TargetSession:
         self.round_index = round_index  # rounds committed so far = the next round's number
         self.sequence = engine.new_sequence()
         self._draft_ids: list[int] = []
+        self._drafter = ""
         self._draft_probs: torch.Tensor | None = None
 
     @property
@@ -100,10 +101,12 @@ class TargetSession:
         """Tokens the next rows must feed before the draft block can be verified, block included."""
         return len(self.token_ids) - self.sequence.length + len(self._draft_ids)
 
-    def set_draft(self, draft_ids: Sequence[int], draft_probs: torch.Tensor | None = None) -> None:
-        """The block this round verifies (empty: a target-only round). draft_probs [n, vocab] or None."""
+    def set_draft(self, draft_ids: Sequence[int], draft_probs: torch.Tensor | None = None,
+                  drafter: str = "") -> None:
+        """The block this round verifies (empty: a target-only round). draft_probs [n, vocab] or None; drafter:
+        who made it (stats count suffix drafts apart)."""
         assert len(draft_ids) <= self.room, f"{len(draft_ids)} draft tokens overflow the context"
-        self._draft_ids, self._draft_probs = list(draft_ids), draft_probs
+        self._draft_ids, self._draft_probs, self._drafter = list(draft_ids), draft_probs, drafter
 
     def prepare(self, token_budget: int | None = None) -> ForwardRow:
         """This step's row: the uncached committed tokens and the draft block, or, when that exceeds the
@@ -125,7 +128,7 @@ class TargetSession:
         committed = [*draft_ids[:num_accepted], verification.next_token_id]
         self.token_ids.extend(committed)
         self._draft_ids, self._draft_probs = [], None
-        self.stats.observe(verification.num_draft_tokens, num_accepted)
+        self.stats.observe(verification.num_draft_tokens, num_accepted, self._drafter)
         self.round_index += 1
         return RoundResult(verification, committed, self.output.accept(committed))
 

@@ -29,6 +29,7 @@ class DraftPrices:
     """What drafting costs, relative to a one-token target forward."""
 
     model_draft: float = 0.3  # one model draft token
+    model_prefill: float = 0.04  # one prompt token the model draft must read before it drafts (batched: cheap)
     verify_growth: float = 0.05  # each extra token of a verified block, where no curve is measured
     verify_curve: dict[int, float] = field(default_factory=dict)  # tokens -> cost (1 token: 1.0), measured
 
@@ -43,7 +44,8 @@ class DraftPrices:
         one-token forward (the default's model_draft where the draft's cost is not measured)."""
         one = cost.verify_cost(1)
         model_draft = cost.draft_ms_per_token / one if cost.draft_ms_per_token > 0 else default.model_draft
-        return cls(model_draft=model_draft, verify_growth=default.verify_growth,
+        return cls(model_draft=model_draft, model_prefill=model_draft * default.model_prefill / default.model_draft
+                   if default.model_draft > 0 else default.model_prefill, verify_growth=default.verify_growth,
                    verify_curve={tokens: ms / one for tokens, ms in cost.verify_ms.items()})
 
 
@@ -52,10 +54,26 @@ def suffix_rate(score: float, num_draft_tokens: int, prices: DraftPrices) -> flo
     return (1.0 + score) / prices.verify(num_draft_tokens + 1)
 
 
-def model_rate(alpha: float, num_draft_tokens: int, prices: DraftPrices) -> float:
-    """Expected tokens per unit of cost of a model draft of num_draft_tokens at per-token acceptance alpha."""
+def model_rate(alpha: float, num_draft_tokens: int, prices: DraftPrices, extra_cost: float = 0.0) -> float:
+    """Expected tokens per unit of cost of a model draft of num_draft_tokens at per-token acceptance alpha;
+    extra_cost: this round's share of a prefill the model draft must do first (prefill_share)."""
     tokens = 1.0 + expected_accepted(alpha, num_draft_tokens)
-    return tokens / (num_draft_tokens * prices.model_draft + prices.verify(num_draft_tokens + 1))
+    return tokens / (num_draft_tokens * prices.model_draft + prices.verify(num_draft_tokens + 1) + extra_cost)
+
+
+def prefill_share(missing_tokens: int, tokens_left: int, alpha: float, num_draft_tokens: int,
+                  prices: DraftPrices) -> float:
+    """A round's share of the model draft's prefill of `missing_tokens` (a long prompt it has not read): paid
+    once, it serves every round left, about tokens_left / (tokens per round) of them."""
+    if missing_tokens <= 0:
+        return 0.0
+    rounds_left = max(1.0, tokens_left / (1.0 + expected_accepted(alpha, num_draft_tokens)))
+    return missing_tokens * prices.model_prefill / rounds_left
+
+
+def model_pays(alpha: float, num_draft_tokens: int, prices: DraftPrices, extra_cost: float = 0.0) -> bool:
+    """Whether the model draft beats the target alone (one token per one-token forward)."""
+    return model_rate(alpha, num_draft_tokens, prices, extra_cost) > 1.0 / prices.verify(1)
 
 
 def best_suffix_length(cumulative_probs: list[float], prices: DraftPrices) -> int:
@@ -71,10 +89,11 @@ def best_suffix_length(cumulative_probs: list[float], prices: DraftPrices) -> in
 
 
 def suffix_pays(score: float, num_suffix_tokens: int, *, model_alpha: float, model_tokens: int,
-                prices: DraftPrices) -> bool:
+                prices: DraftPrices, model_extra_cost: float = 0.0) -> bool:
     """Whether the suffix draft beats the model draft this round (a tie goes to the suffix: it costs no core)."""
     if num_suffix_tokens <= 0:
         return False
     if model_tokens <= 0:
         return True
-    return suffix_rate(score, num_suffix_tokens, prices) >= model_rate(model_alpha, model_tokens, prices)
+    return suffix_rate(score, num_suffix_tokens, prices) >= model_rate(model_alpha, model_tokens, prices,
+                                                                      model_extra_cost)

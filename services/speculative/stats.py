@@ -17,6 +17,11 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
+SUFFIX_DRAFTER = "suffix"  # a block from the session's own context (DraftProposal.drafter, DraftBlock.drafter)
+HISTORY_DRAFTER = "history"  # a block from the tenant's earlier outputs
+SUFFIX_DRAFTERS = (SUFFIX_DRAFTER, HISTORY_DRAFTER)
+
+
 @dataclass
 class SpecDecodingStats:
     num_target_calls: int = 0  # rounds, with or without a draft
@@ -26,9 +31,16 @@ class SpecDecodingStats:
     num_emitted_tokens: int = 0  # accepted + recovered/bonus, before stop handling
     num_draft_tokens_per_pos: list[int] = field(default_factory=list)
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # of the above, the rounds whose block a suffix draft made (drafters/suffix.py; the rest: the model draft, or
+    # prompt lookup), and of those the ones from the tenant's earlier outputs (the fleet's history)
+    num_suffix_drafts: int = 0
+    num_suffix_draft_tokens: int = 0
+    num_suffix_accepted_tokens: int = 0
+    num_history_drafts: int = 0
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Record one round: num_draft_tokens proposed, the first num_accepted kept."""
+    def observe(self, num_draft_tokens: int, num_accepted: int, drafter: str = "") -> None:
+        """Record one round: num_draft_tokens proposed, the first num_accepted kept; drafter: which drafter made
+        the block (SUFFIX_DRAFTERS count apart)."""
         assert 0 <= num_accepted <= num_draft_tokens
         self.num_target_calls += 1
         self.num_emitted_tokens += num_accepted + 1
@@ -37,9 +49,18 @@ class SpecDecodingStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self._count_drafter(drafter, num_draft_tokens, num_accepted)
         self._count_positions(num_draft_tokens, num_accepted)
 
-    def observe_checked(self, num_draft_tokens: int, num_accepted: int, *, ends_draft: bool) -> None:
+    def _count_drafter(self, drafter: str, num_draft_tokens: int, num_accepted: int) -> None:
+        if drafter in SUFFIX_DRAFTERS:
+            self.num_suffix_drafts += 1
+            self.num_suffix_draft_tokens += num_draft_tokens
+            self.num_suffix_accepted_tokens += num_accepted
+            self.num_history_drafts += drafter == HISTORY_DRAFTER
+
+    def observe_checked(self, num_draft_tokens: int, num_accepted: int, *, ends_draft: bool,
+                        drafter: str = "") -> None:
         """Draft tokens checked against tokens the target committed on its own while they were on their way
         (services/speculative/bridging.py): drafted and, the first num_accepted, accepted, in no target call of
         their own. ends_draft: the block ends there (it counts as a draft); else the round verifying the
@@ -50,6 +71,11 @@ class SpecDecodingStats:
         self.num_drafts += int(ends_draft)
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        if drafter in SUFFIX_DRAFTERS:
+            self.num_suffix_drafts += int(ends_draft)
+            self.num_suffix_draft_tokens += num_draft_tokens
+            self.num_suffix_accepted_tokens += num_accepted
+            self.num_history_drafts += int(ends_draft and drafter == HISTORY_DRAFTER)
         self._count_positions(num_draft_tokens, num_accepted)
 
     def _count_positions(self, num_draft_tokens: int, num_accepted: int) -> None:
@@ -68,6 +94,10 @@ class SpecDecodingStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
+        self.num_suffix_drafts += other.num_suffix_drafts
+        self.num_suffix_draft_tokens += other.num_suffix_draft_tokens
+        self.num_suffix_accepted_tokens += other.num_suffix_accepted_tokens
+        self.num_history_drafts += other.num_history_drafts
         for mine, theirs in (
             (self.num_draft_tokens_per_pos, other.num_draft_tokens_per_pos),
             (self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
@@ -123,12 +153,16 @@ class SpecDecodingStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "tokens_per_target_call": self.tokens_per_target_call,
             "acceptance_rate_per_pos": self.acceptance_rate_per_pos,
+            "num_suffix_drafts": self.num_suffix_drafts,
+            "num_suffix_draft_tokens": self.num_suffix_draft_tokens,
+            "num_suffix_accepted_tokens": self.num_suffix_accepted_tokens,
+            "num_history_drafts": self.num_history_drafts,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "SpecDecodingStats":
         """Inverse of to_dict (the derived rates are recomputed, not read)."""
-        return cls(**{item.name: data[item.name] for item in fields(cls)})
+        return cls(**{item.name: data.get(item.name, 0) for item in fields(cls)})
 
     def to_wire(self) -> dict:
         """The counters alone (services/protocol.py carries them whole in events and verdicts)."""

@@ -234,6 +234,8 @@ function renderHeader(snap) {
   document.getElementById("stat-ttft").textContent = `${fmt.ms(s.ttft_ms_p50)} / ${fmt.ms(s.ttft_ms_p99)}`;
   document.getElementById("stat-accept").textContent = s.acceptance_rate === null ? "-"
     : `${fmt.pct(s.acceptance_rate)} (${fmt.num(s.mean_acceptance_length, 2)} tok/round)`;
+  document.getElementById("stat-suffix").textContent = s.suffix_share === null ? "-"
+    : `${fmt.pct(s.suffix_share)} of rounds` + (s.history_share === null ? "" : ` (${fmt.pct(s.history_share)} history)`);
 }
 
 function setConn(text, kind) {

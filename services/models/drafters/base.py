@@ -15,6 +15,7 @@ from services.speculative.params import SamplingParams
 class DraftProposal:
     token_ids: list[int]  # [num_draft_tokens], may be shorter than asked, even empty
     probs: torch.Tensor | None  # [num_draft_tokens, vocab] warped draft probs; None = point mass
+    drafter: str = ""  # who made it, where stats count it apart (services/speculative/stats.py: "suffix", "history")
 
     @property
     def num_draft_tokens(self) -> int:

@@ -85,3 +85,8 @@ class History:
     @property
     def num_tenants(self) -> int:
         return len(self._indexes)
+
+    def figures(self) -> dict[str, int]:
+        """For heartbeats and /metrics: tokens and bytes held (the bound as it stands), tenants, outputs added."""
+        return {"tokens": self.num_tokens, "bytes": self.memory_bytes, "tenants": self.num_tenants,
+                "outputs": self.num_added}

@@ -24,8 +24,15 @@ from services.models.drafters.base import DraftProposal, Drafter
 from services.models.drafters.history import History
 from services.models.drafters.suffix_index import SuffixDraft, SuffixIndex
 from services.speculative.cost_model import CostModel
-from services.speculative.draft_choice import DraftPrices, best_suffix_length, suffix_pays
+from services.speculative.draft_choice import (
+    DraftPrices,
+    best_suffix_length,
+    model_pays,
+    prefill_share,
+    suffix_pays,
+)
 from services.speculative.params import SamplingParams
+from services.speculative.stats import HISTORY_DRAFTER, SUFFIX_DRAFTER
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +163,7 @@ class SuffixDrafter:
             return DraftProposal([], None)
         draft = self.speculate(context_ids, num_draft_tokens, max_draft_tokens)
         self.note(context_ids, draft)
-        return DraftProposal(list(draft.token_ids), None)
+        return as_proposal(draft)
 
     def note(self, context_ids: Sequence[int], draft: SuffixDraft) -> None:
         """The draft this round takes is this one (counted, and what the target keeps of it read next call)."""
@@ -192,6 +199,7 @@ class SuffixModelDrafter:
         self.model_meter = AcceptanceMeter(prior=prior_alpha)
         self.num_lookup_rounds = 0
         self.num_model_rounds = 0
+        self.num_skipped_rounds = 0  # rounds neither drafted: a long prompt's prefill would not pay back
 
     @property
     def prices(self) -> DraftPrices:
@@ -216,13 +224,20 @@ class SuffixModelDrafter:
         draft = self.lookup.speculate(context_ids, num_draft_tokens, max_draft_tokens)
         # its frequencies are estimates: scaled by what the target kept of its earlier drafts against them
         calibrated = draft.score * min(1.0, self.lookup.meter.calibration)
-        if suffix_pays(calibrated, len(draft.token_ids), model_alpha=self.model_meter.alpha,
-                       model_tokens=num_draft_tokens, prices=self.prices):
+        alpha = self.model_meter.alpha
+        # a long prompt the model draft has not read costs it a prefill first, shared by the rounds left
+        missing = self.model.missing(context_ids) if hasattr(self.model, "missing") else 0
+        prefill = prefill_share(missing, max_draft_tokens or num_draft_tokens, alpha, num_draft_tokens, self.prices)
+        if suffix_pays(calibrated, len(draft.token_ids), model_alpha=alpha, model_tokens=num_draft_tokens,
+                       prices=self.prices, model_extra_cost=prefill):
             self.num_lookup_rounds += 1
             self.lookup.note(context_ids, draft)
-            return DraftProposal(list(draft.token_ids), None)
-        self.num_model_rounds += 1
+            return as_proposal(draft)
         self.lookup.note(context_ids, SuffixDraft())
+        if prefill and not model_pays(alpha, num_draft_tokens, self.prices, prefill):
+            self.num_skipped_rounds += 1
+            return DraftProposal([], None)  # neither pays now: a target-only round, no prefill on the way
+        self.num_model_rounds += 1
         return None
 
     def model_proposed(self, context_ids: Sequence[int], proposal: DraftProposal) -> None:
@@ -234,6 +249,14 @@ class SuffixModelDrafter:
     def release(self) -> None:
         self.lookup.release()
         self.model.release()
+
+
+def as_proposal(draft: SuffixDraft) -> DraftProposal:
+    """A suffix draft as a proposal: point masses, labelled with where it came from."""
+    if not draft.token_ids:
+        return DraftProposal([], None)
+    return DraftProposal(list(draft.token_ids), None,
+                         drafter=HISTORY_DRAFTER if draft.source == "history" else SUFFIX_DRAFTER)
 
 
 def suffix_drafter(drafter: Drafter | None) -> SuffixDrafter | None:
