@@ -125,12 +125,12 @@ class DraftSession:
         self.drafter = drafter if spec.route == "sd" else None
         bound_draft_context(self.drafter, len(spec.prompt_ids), speculative.draft_context_tokens)
         bind_tenant(self.drafter, spec.tenant)
-        bind_prices(self.drafter, cost)
         self.recent = recent
         prior = recent.alpha() if recent is not None else None
         # only a session that may draft takes a turn at exploring (a plain-route session would use up the turn)
         explore = recent.explore() if recent is not None and self.drafter is not None else True
         self.controller = BlockLengthController(speculative, cost=cost, prior=prior, explore=explore)
+        bind_prices(self.drafter, cost, self.controller.prior)
         self.sampling = spec.sampling
         if told is not None and told.round + max(1, told.num_rounds) == len(events):
             # its last round's verdict: its own verify worker's word, newer than what other sessions heard before

@@ -51,7 +51,7 @@ class GenerationSession:
                                          ignore_eos=options.ignore_eos)
         cost = options.cost if options.speculative.block_policy == "cost" else None
         self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
-        bind_prices(drafter, options.cost)
+        bind_prices(drafter, options.cost, self.controller.prior)
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)

@@ -119,8 +119,12 @@ def test_finished_outputs_reach_the_fleet_history_and_later_sessions_of_the_tena
             wait_finished(client, request_id)
             assert output_tokens(client, request_id) == output_tokens(client, "first")
         # the same tenant's repeat is drafted from the history; another tenant's is not
-        assert _stats(client, "again").num_accepted_tokens >= 20
-        assert _stats(client, "other").num_draft_tokens < _stats(client, "again").num_draft_tokens
+        again, other = _stats(client, "again"), _stats(client, "other")
+        assert again.num_accepted_tokens >= 20
+        assert other.num_draft_tokens < again.num_draft_tokens
+        # the verify worker counted who drafted (DraftBlock.drafter): every round of both was a suffix draft's
+        assert again.num_history_drafts > 0 and other.num_history_drafts == 0
+        assert again.num_suffix_drafts == again.num_drafts and other.num_suffix_drafts == other.num_drafts
     finally:
         verify.close()
 

@@ -138,3 +138,44 @@ def test_options_bound_the_draft_by_its_match():
     context = [*range(10, 40), 1, 10, 11]
     assert drafter.propose(context, 8, GREEDY, None).token_ids == []  # a 2-token match is under min_match
     assert drafter.propose([*context, 12], 8, GREEDY, None).token_ids == [13, 14, 15]
+
+
+def test_rounds_are_counted_by_who_drafted_them():
+    from services.speculative.stats import SpecDecodingStats
+
+    stats = SpecDecodingStats()
+    stats.observe(4, 3, "suffix")
+    stats.observe(6, 6, "history")
+    stats.observe(2, 1)  # the model draft
+    stats.observe(0, 0, "suffix")  # a target-only round drafts nothing
+    assert (stats.num_drafts, stats.num_suffix_drafts, stats.num_history_drafts) == (3, 2, 1)
+    assert (stats.num_suffix_draft_tokens, stats.num_suffix_accepted_tokens) == (10, 9)
+    assert SpecDecodingStats.from_wire(stats.to_wire()) == stats
+    older = SpecDecodingStats.from_wire({"num_drafts": 2, "num_draft_tokens": 5})  # a message from before
+    assert older.num_suffix_drafts == 0
+    merged = stats.copy()
+    merged.merge(stats)
+    assert merged.num_history_drafts == 2 and merged.num_suffix_accepted_tokens == 18
+
+
+def test_a_long_unread_prompt_is_not_prefilled_for_the_model_draft_when_that_cannot_pay_back():
+    from services.speculative.draft_choice import model_pays, prefill_share
+
+    prices = DraftPrices(model_draft=0.3, model_prefill=0.04, verify_growth=0.05)
+    assert model_pays(0.9, 4, prices)
+    # 3,000 prompt tokens to read for 20 tokens left: the prefill outweighs what the draft saves
+    assert not model_pays(0.9, 4, prices, prefill_share(3000, 20, 0.9, 4, prices))
+    # the same prompt with 2,000 tokens left: paid once, shared by every round
+    assert model_pays(0.9, 4, prices, prefill_share(3000, 2000, 0.9, 4, prices))
+    assert prefill_share(0, 20, 0.9, 4, prices) == 0.0
+
+
+def test_a_session_prices_its_drafts_by_its_cost_model_and_starts_from_its_prior():
+    from services.models.drafters.suffix import bind_prices
+    from services.speculative.cost_model import CostModel
+
+    drafter = SuffixModelDrafter(SuffixDrafter(), NgramDrafter())
+    bind_prices(drafter, CostModel(verify_ms={1: 40.0, 2: 60.0, 8: 80.0}, draft_ms_per_token=10.0), prior=0.9)
+    assert drafter.prices.model_draft == pytest.approx(0.25)
+    assert drafter.prices.verify(2) == pytest.approx(1.5) and drafter.prices.verify(8) == pytest.approx(2.0)
+    assert drafter.model_meter.alpha == 0.9

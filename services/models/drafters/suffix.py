@@ -225,18 +225,22 @@ class SuffixModelDrafter:
         # its frequencies are estimates: scaled by what the target kept of its earlier drafts against them
         calibrated = draft.score * min(1.0, self.lookup.meter.calibration)
         alpha = self.model_meter.alpha
-        # a long prompt the model draft has not read costs it a prefill first, shared by the rounds left
-        missing = self.model.missing(context_ids) if hasattr(self.model, "missing") else 0
-        prefill = prefill_share(missing, max_draft_tokens or num_draft_tokens, alpha, num_draft_tokens, self.prices)
+        # a long prompt the model draft has not read costs it a prefill first, shared by the rounds left (known
+        # from max_draft_tokens: the request's end)
+        missing = self.model.missing(context_ids) if hasattr(self.model, "missing") and max_draft_tokens else 0
+        prefill = prefill_share(missing, max_draft_tokens or 0, alpha, num_draft_tokens, self.prices)
         if suffix_pays(calibrated, len(draft.token_ids), model_alpha=alpha, model_tokens=num_draft_tokens,
                        prices=self.prices, model_extra_cost=prefill):
             self.num_lookup_rounds += 1
             self.lookup.note(context_ids, draft)
             return as_proposal(draft)
         self.lookup.note(context_ids, SuffixDraft())
-        if prefill and not model_pays(alpha, num_draft_tokens, self.prices, prefill):
+        if prefill and model_pays(alpha, num_draft_tokens, self.prices) and \
+                not model_pays(alpha, num_draft_tokens, self.prices, prefill):
+            # the prefill is what makes the model draft not pay (whether it pays at all is the block-length
+            # controller's call): a target-only round now, no prefill on the way
             self.num_skipped_rounds += 1
-            return DraftProposal([], None)  # neither pays now: a target-only round, no prefill on the way
+            return DraftProposal([], None)
         self.num_model_rounds += 1
         return None
 
@@ -272,9 +276,12 @@ def bind_tenant(drafter: Drafter | None, tenant: str) -> None:
         suffix.tenant = tenant
 
 
-def bind_prices(drafter: Drafter | None, cost: CostModel | None) -> None:
-    """A session's suffix drafts priced by its measured cost model (the target's curve, the model draft's cost);
-    the settings' defaults stay where none is measured."""
+def bind_prices(drafter: Drafter | None, cost: CostModel | None, prior: float | None = None) -> None:
+    """A session's suffix drafts priced by its measured cost model (the target's curve, the model draft's cost;
+    the settings' defaults stay where none is measured), and the model draft's acceptance assumed until it has
+    drafted here: `prior`, the session controller's (a worker's recent sessions measured it)."""
     suffix = suffix_drafter(drafter)
     if suffix is not None and cost is not None:
         suffix.prices = DraftPrices.from_cost(cost, suffix.prices)
+    if isinstance(drafter, SuffixModelDrafter) and prior is not None and drafter.model_meter.num_rounds == 0:
+        drafter.model_meter.alpha = prior
