@@ -39,8 +39,10 @@ demo: install
 # The system tools the suite drives, Debian packages installed here when missing (command and package share a
 # name): chromium for the dashboard tests (through playwright; never `playwright install`: no browser downloads)
 # and docker-compose for tests/unit/test_compose.py (`docker-compose config` resolves the compose files with no
-# Docker daemon). One apt-get update for all of them; root or sudo for apt-get.
+# Docker daemon). One apt-get update for all of them; root or sudo for apt-get. docker-compose comes without its
+# Recommends: they bring docker.io and containerd, daemons the tests never use.
 TEST_TOOLS := chromium docker-compose
+TEST_TOOLS_BARE := docker-compose
 test-tools:
 	@missing=$$(for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || printf '%s ' $$tool; done); \
 	missing=$${missing% }; [ -z "$$missing" ] && exit 0; \
@@ -49,8 +51,13 @@ test-tools:
 	command -v apt-get >/dev/null 2>&1 || { \
 	  echo "make test-tools: $$missing missing and no apt-get here: install them with this system's packages" >&2; \
 	  exit 1; }; \
+	full=; bare=; for tool in $$missing; do case " $(TEST_TOOLS_BARE) " in \
+	  *" $$tool "*) bare="$$bare $$tool";; *) full="$$full $$tool";; esac; done; \
 	echo "make test-tools: installing $$missing (Debian packages the tests drive)"; \
-	$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+	APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"; \
+	$$SUDO apt-get update -qq \
+	  && { [ -z "$$full" ] || $$APT $$full; } \
+	  && { [ -z "$$bare" ] || $$APT --no-install-recommends $$bare; }
 
 test: install test-tools
 	$(BIN)/python -m pytest
