@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip --quiet
 STAMP := $(VENV)/.installed
 PROMPT ?= Give me three tips for writing clear technical documentation.
 
-.PHONY: install up demo test test-fast browser clean
+.PHONY: install up demo test test-fast test-tools clean
 
 install: $(STAMP)
 
@@ -36,17 +36,33 @@ up: install
 demo: install
 	$(BIN)/mirror-sd generate --chat --prompt "$(PROMPT)" --draft ngram --max-new-tokens 128
 
-# The dashboard test drives Debian's chromium through playwright (never `playwright install`: no browser
-# downloads). Installed here when missing; needs root or sudo for apt-get.
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+# The system tools the suite drives, Debian packages installed here when missing (command and package share a
+# name): chromium for the dashboard tests (through playwright; never `playwright install`: no browser downloads)
+# and docker-compose for tests/unit/test_compose.py (`docker-compose config` resolves the compose files with no
+# Docker daemon). One apt-get update for all of them; root or sudo for apt-get. docker-compose comes without its
+# Recommends: they bring docker.io and containerd, daemons the tests never use.
+TEST_TOOLS := chromium docker-compose
+TEST_TOOLS_BARE := docker-compose
+test-tools:
+	@missing=$$(for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || printf '%s ' $$tool; done); \
+	missing=$${missing% }; [ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else \
+	  echo "make test-tools: $$missing missing; apt-get needs root or sudo: apt-get install $$missing" >&2; exit 1; fi; \
+	command -v apt-get >/dev/null 2>&1 || { \
+	  echo "make test-tools: $$missing missing and no apt-get here: install them with this system's packages" >&2; \
+	  exit 1; }; \
+	full=; bare=; for tool in $$missing; do case " $(TEST_TOOLS_BARE) " in \
+	  *" $$tool "*) bare="$$bare $$tool";; *) full="$$full $$tool";; esac; done; \
+	echo "make test-tools: installing $$missing (Debian packages the tests drive)"; \
+	APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"; \
+	$$SUDO apt-get update -qq \
+	  && { [ -z "$$full" ] || $$APT $$full; } \
+	  && { [ -z "$$bare" ] || $$APT --no-install-recommends $$bare; }
 
-test: install browser
+test: install test-tools
 	$(BIN)/python -m pytest
 
-test-fast: install
+test-fast: install test-tools
 	$(BIN)/python -m pytest -m "not slow"
 
 clean:

@@ -477,6 +477,9 @@ class LinkFigures:
     # catch_up, close, recovery; the task threads' open, lease, finish)
     round_trips_per_round: float | None = None
     round_trips_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the counts behind them, since start: a reader takes differences over any interval (the bench, per link level)
+    verdicts: int = 0
+    round_trip_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     # blocks verified ahead (services/speculative/chaining.py): how many a session may keep out now, and the
     # share of rounds since start whose block was verified before the verdict of the one before reached the draft
     blocks_ahead: int | None = None

@@ -46,12 +46,22 @@ TRIP_RECOVERY = "recovery"  # every block in flight sent again after Redis was a
 TRIP_OPEN = "open"  # the spec, the lease and the output so far in one script (again while another holds the lease)
 TRIP_LEASE = "lease"  # the lease renewed, every LEASE_TTL_S / 4
 TRIP_FINISH = "finish"  # the lease given back and the figures for the bench
+TRIP_KINDS = (TRIP_BLOCKS, TRIP_LOOK, TRIP_LIVENESS, TRIP_RESEND, TRIP_FAILOVER, TRIP_CATCH_UP, TRIP_CLOSE,
+              TRIP_RECOVERY, TRIP_OPEN, TRIP_LEASE, TRIP_FINISH)
 PING_WEIGHT = 0.3  # the newest PING's weight in the smoothed RTT
 
 
 def transport_ms(round_trip_s: float, verify_s: float, held_s: float) -> float:
     """One round's transport in ms: round trip - the verify worker's time - the driver's time elsewhere."""
     return 1000.0 * max(0.0, round_trip_s - max(0.0, verify_s) - max(0.0, held_s))
+
+
+def per_verdict(verdicts: int, counts: dict[str, int]) -> tuple[float | None, dict[str, float]]:
+    """Round trips a verdict applied: in all (None: no verdict) and by kind, to 3 decimals."""
+    if not verdicts:
+        return None, {}
+    return (round(sum(counts.values()) / verdicts, 3),
+            {kind: round(count / verdicts, 3) for kind, count in sorted(counts.items()) if count > 0})
 
 
 def smoothed(previous: float | None, sample: float, weight: float = PING_WEIGHT) -> float:
@@ -125,14 +135,14 @@ class LinkMeter:
             return None if value is None else round(value, 3)
 
         round_trips = [trip.round_trip_ms for trip in trips]
+        per_round, shares = per_verdict(verdicts, by_kind)
         transports = [trip.transport_ms for trip in trips]
         return LinkFigures(redis_rtt_ms=None if rtt is None else round(rtt, 3),
                            round_trip_ms_p50=pct(round_trips, 0.5), round_trip_ms_p99=pct(round_trips, 0.99),
                            transport_ms_p50=pct(transports, 0.5), transport_ms_p99=pct(transports, 0.99),
                            verify_ms_p50=pct([trip.verify_ms for trip in trips], 0.5), rounds=rounds,
                            window=len(trips),
-                           round_trips_per_round=round(sum(by_kind.values()) / verdicts, 3) if verdicts else None,
-                           round_trips_by_kind={kind: round(count / verdicts, 3) for kind, count in sorted(
-                               by_kind.items())} if verdicts else {},
+                           round_trips_per_round=per_round, round_trips_by_kind=shares,
+                           verdicts=verdicts, round_trip_counts=dict(sorted(by_kind.items())),
                            blocks_ahead=blocks_ahead, verified_ahead=round(chained / rounds, 3) if rounds else None,
                            resent_blocks=self.resent_blocks, failed_over_blocks=self.failed_over_blocks)

@@ -1,5 +1,5 @@
 """A real headless Chromium for page tests: Debian's `chromium` driven by playwright (no browser download:
-`playwright install` is never run; the Makefile and .ci/run install the package when missing)."""
+`playwright install` is never run; `make test` installs the package when missing: its target test-tools)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 def chromium_path() -> str:
     path = os.environ.get("MIRROR_SD_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
     if not os.path.exists(path):
-        pytest.fail("chromium is not installed: `make browser` (apt-get install chromium) installs it")
+        pytest.fail("chromium is not installed: `make test-tools` installs it (Debian's package; `make test` runs it)")
     return path
 
 

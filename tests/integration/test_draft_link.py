@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from services.link.control import read_link, set_link, wait_link
+from services.link.meter import TRIP_BLOCKS, TRIP_KINDS, TRIP_OPEN
 from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY, Heartbeat
 from services.redis_client import read_heartbeats
@@ -156,16 +157,15 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         beat = _draft_beat(clean_redis, rounds=2)
         assert beat is not None and beat.link is not None and beat.link.redis_rtt_ms >= 15, beat
         assert beat.link.round_trip_ms_p50 >= 20 and beat.link.transport_ms_p50 >= 15, beat.link
-        # the driver pushes each round's blocks and finds the verdicts on its listener: about one round trip a
-        # verdict, its blocks' push (none for the opening, which the gateway sent; two after a block sent ahead of
-        # a verdict that then cut its parent short), and a few of other kinds (a look at the session's stream
-        # after its opening, control looks while nothing goes); polling made it three or more
-        kinds = beat.link.round_trips_by_kind
-        assert 0.5 <= kinds.get("blocks", 0.0) <= 1.5, beat.link
-        # the task thread's trips, once a session at its start and end (and a lease renewal now and then), are
-        # counted too, but per session: a 24-token request has few verdicts to spread them over
-        assert kinds.get("open", 0.0) > 0, beat.link
-        assert sum(share for kind, share in kinds.items() if kind not in ("open", "lease", "finish")) <= 2.0, beat.link
+        # the round trips are counted by what they were for, per verdict applied: the blocks' pushes and the task
+        # thread's open among them. How many a verdict takes depends on the box's speed against the link (looks
+        # while a block is out, blocks sent ahead), so no bound here: `mirror-sd bench --draft-link` reports it
+        # per level (links.md, links.json), and docs/bench/round-trips-2026-12-06 has it broken down
+        kinds, counts = beat.link.round_trips_by_kind, beat.link.round_trip_counts
+        assert beat.link.verdicts > 0 and counts.get(TRIP_BLOCKS, 0) > 0 and counts.get(TRIP_OPEN, 0) > 0, beat.link
+        assert set(kinds) == set(counts) and set(counts) <= set(TRIP_KINDS), beat.link
+        assert beat.link.round_trips_per_round == pytest.approx(sum(counts.values()) / beat.link.verdicts,
+                                                                abs=1e-3), beat.link
         for _ in range(50):  # the session's samples are recorded as it ends, a link's delay after the answer
             if clean_redis.llen(TRANSPORT_SAMPLES_KEY):
                 break
@@ -191,10 +191,12 @@ def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean
         assert links["turns"] == 2 and [level["link"] for level in levels] == ["0", "40"]
         assert all(level["rounds"] > 0 and level["headline"]["stack tok/s"] for level in levels), levels
         assert levels[1]["transport_ms_p50"] >= 35 and levels[1]["round_trip_ms_p50"] >= 40, levels
+        assert all(level["round_trips_per_verdict"] > 0 and level["round_trips_by_kind"].get(TRIP_BLOCKS, 0) > 0
+                   for level in levels), levels
         assert len(levels[1]["extra"]["ratios"]["stack tok/s"]) == 2, levels[1]
         assert all((tmp_path / "bench" / f"link-{level}" / f"turn-{turn}" / "results.json").is_file()
                    for level in (0, 40) for turn in (1, 2))
-        assert "| draft link (RTT[:jitter] ms) |" in bench.stdout
+        assert "| draft link (RTT[:jitter] ms) |" in bench.stdout and "| Redis round trips a verdict |" in bench.stdout
         assert "| stack tok/s: draft link | turn 1 | turn 2 | median |" in bench.stdout, bench.stdout
         assert read_link(clean_redis, DRAFT_LINK).rtt_ms == 20  # the bench put the link back as it was
 

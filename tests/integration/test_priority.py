@@ -47,13 +47,18 @@ def test_high_priority_overtakes_queued_low_priority(stack):
     low, high = stack.create_key("low"), stack.create_key("high")
     status = lambda key, rid: httpx.get(f"{stack.base_url}/v1/requests/{rid}",  # noqa: E731
                                         headers={"Authorization": f"Bearer {key}"}).json()
-    blocker, blocker_thread = start_stream(stack.base_url, low, "Tell me a story.", 40)
+    # the blocker holds the one draft slot until it is cancelled below, once all four wait: a fixed length
+    # would let a fast box finish it, and start a low one, before the urgent one is even sent
+    blocker, blocker_thread = start_stream(stack.base_url, low, "Tell me a story.", 400)
     deadline = time.monotonic() + 30
     while status(low, blocker)["status"] != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
     queued = [start_stream(stack.base_url, low, f"Count to {n}.", 4) for n in (3, 4, 5)]
     time.sleep(0.3)
     urgent, urgent_thread = start_stream(stack.base_url, high, "Say yes.", 4)
+    time.sleep(0.3)
+    cancelled = httpx.delete(f"{stack.base_url}/v1/requests/{blocker}", headers={"Authorization": f"Bearer {low}"})
+    assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True, cancelled.text
     for _, thread in [*queued, (urgent, urgent_thread), (blocker, blocker_thread)]:
         thread.join(timeout=240)
     urgent_started = status(high, urgent)["started_at"]

@@ -1,8 +1,8 @@
 """The compose stack as a real Compose implementation resolves it, and its Dockerfile.
 
-No Docker engine runs here, so nothing is built or started: `docker-compose config` (Debian's package, installed
-by .ci/run) parses the file the way `up` would (anchors, merges, ${VAR:?} checks) and prints the result, and the
-tests assert on that result, not on the text we wrote.
+No Docker engine runs here, so nothing is built or started: `docker-compose config` (Debian's package, which
+`make test` installs when missing: its target test-tools) parses the file the way `up` would (anchors, merges,
+${VAR:?} checks) and prints the result, and the tests assert on that result, not on the text we wrote.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MIRROR_SERVICES = ("gateway", "draft-worker", "verify-worker-gpu", "verify-worke
 
 def compose_config(*extra: Path, **env: str) -> subprocess.CompletedProcess:
     binary = shutil.which("docker-compose")
-    assert binary, "docker-compose is missing: `apt-get install docker-compose` (.ci/run installs it)"
+    assert binary, "docker-compose is missing: `make test-tools` installs it (Debian's package; `make test` runs it)"
     # A clean environment: a MIRROR_SD_* or COMPOSE_* variable of the shell running the tests must not change
     # what the file resolves to.
     files = [arg for path in (COMPOSE, *extra) for arg in ("-f", str(path))]

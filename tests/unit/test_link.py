@@ -94,7 +94,28 @@ def test_round_trips_count_per_verdict_and_by_what_they_were_for():
     assert figures.round_trips_per_round == 1.5
     assert figures.round_trips_by_kind == {TRIP_BLOCKS: 1.25, TRIP_LIVENESS: 0.25}
     assert "1.50 Redis round trips per round (blocks 1.25, liveness 0.25)" in figures.describe()
+    assert figures.verdicts == 4 and figures.round_trip_counts == {TRIP_BLOCKS: 5, TRIP_LIVENESS: 1}
     assert LinkFigures.from_wire(figures.to_wire()) == figures
+
+
+def test_the_bench_takes_round_trips_per_verdict_over_a_level_from_the_heartbeats_counts():
+    """services/bench/links.py: the differences of the counts since start between two reads; a worker new since
+    the first read, or restarted (fewer verdicts than before), counts from zero."""
+    from services.bench.links import LinkLevel, links_markdown, trips_between
+    from services.link.meter import per_verdict
+
+    def figures(verdicts: int, **counts: int) -> LinkFigures:
+        return LinkFigures(verdicts=verdicts, round_trip_counts=counts)
+
+    before = {"a": figures(10, blocks=9, catch_up=2), "b": figures(50, blocks=60)}
+    after = {"a": figures(18, blocks=17, catch_up=2, look=1), "b": figures(4, blocks=5), "c": figures(2, open=1)}
+    verdicts, trips = trips_between(before, after)
+    assert (verdicts, dict(trips)) == (8 + 4 + 2, {"blocks": 8 + 5, "look": 1, "open": 1})
+    assert per_verdict(verdicts, trips) == (round(15 / 14, 3), {"blocks": round(13 / 14, 3), "look": 0.071,
+                                                               "open": 0.071})
+    assert trips_between(after, after) == (0, {}) and per_verdict(0, {}) == (None, {})
+    table = links_markdown([LinkLevel(link="20", headline={}, round_trips_per_verdict=1.071)])
+    assert "| Redis round trips a verdict | rounds |" in table and "| 1.071 | 0 |" in table
 
 
 def test_a_heartbeat_carries_link_figures_whole_and_old_heartbeats_still_decode():
