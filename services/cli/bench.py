@@ -52,6 +52,8 @@ def bench(
     overhead: Annotated[bool, typer.Option("--overhead", help="the stack's machinery against a near-free target: starts its own stack (random:tiny, synthetic:1.0 draft, placement local, private Redis), decodes the prompts in process first, then each of --levels through the plain route (stack-ar) and the speculative one (stack): tok/s, TPOT against in process, TTFT, the verify worker's step split per stage, CPU per streamed token, py-spy profiles (overhead.md, overhead.json); --limit defaults to 16 prompts")] = False,
     overhead_levels: Annotated[str | None, typer.Option("--levels", help="with --overhead: streams in flight, comma list (default 1,8,32,64)")] = None,
     profile: Annotated[bool, typer.Option("--profile/--no-profile", help="with --overhead: one more pass of the largest level per route under py-spy, untimed")] = True,
+    suffix_index: Annotated[bool, typer.Option("--suffix-index", help="our suffix index against arctic-inference's suffix tree (measured where arctic_inference.suffix_decoding imports): build us/token, lookup p50/p99 on seen and unseen contexts, draft length, memory and RSS, a flood of 5x unique text (suffix_index.md, suffix_index.json); no model loads")] = False,
+    index_tokens: Annotated[str | None, typer.Option("--index-tokens", help="with --suffix-index: index sizes, comma list of tokens (default 100000,1000000)")] = None,
     capacity: Annotated[str | None, typer.Option("--capacity", metavar="TOK_S|itl:MS", help="verifier capacity: the streams in flight each still getting this many tokens/s (10) or an ITL p50 of at most this (itl:100), per mode, from a concurrency bench (levels default 1,2,4,8,16,32, modes stack,stack-ar); with --draft-link, against RTT (capacity.png)")] = None,
 ) -> None:
     """Benchmark decoding modes on one prompt set, in one process; greedy runs must equal ar.
@@ -59,7 +61,8 @@ def bench(
     With --concurrency: throughput and latency of a running stack at each number of requests in flight,
     against its own plain route and transformers' static batching (hf-batch).
     With --draft-link: either, once per link level between the draft workers and Redis.
-    With --overhead: the stack's machinery against a near-free target, on a stack it starts itself."""
+    With --overhead: the stack's machinery against a near-free target, on a stack it starts itself.
+    With --suffix-index: our suffix index against arctic-inference's, alone (no model)."""
     from pathlib import Path
 
     from services.bench.prompts import load_prompts, select_prompts
@@ -67,6 +70,16 @@ def bench(
     from services.config import get_settings
     from services.speculative.params import SamplingParams
 
+    if suffix_index:
+        from services.cli.bench_suffix_index import bench_suffix_index
+
+        if overhead or draft_link or concurrency or capacity or merging:
+            fail("--suffix-index measures the index alone: not with --overhead, --draft-link, --concurrency, "
+                 "--capacity or --merging")
+        bench_suffix_index(index_tokens=index_tokens, seed=seed or 0, out=out)
+        return
+    if index_tokens is not None:
+        fail("--index-tokens is for --suffix-index")
     if overhead:
         from services.cli.bench_overhead import bench_overhead
 
