@@ -87,6 +87,22 @@ class AcceptanceMeter:
             self.calibration += self.weight * (min(2.0, accepted / expected) - self.calibration)
 
 
+def shared_prefix(seen: list[int], context_ids: Sequence[int]) -> int:
+    """How many first tokens the two share. The context usually extends what was seen (one comparison of the
+    last 8 seen tokens stands for the rest: a session's committed prefix never changes) or takes a speculated
+    tail back; a binary search over whole-slice comparisons finds where."""
+    if len(context_ids) >= len(seen) and list(context_ids[max(0, len(seen) - 8):len(seen)]) == seen[-8:]:
+        return len(seen)
+    low, high = 0, min(len(seen), len(context_ids))  # low: shared; high + 1: not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if list(context_ids[:middle]) == seen[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 class SuffixDrafter:
     """A session's suffix drafter (name "suffix")."""
 
@@ -111,18 +127,7 @@ class SuffixDrafter:
         """Index the context's new tokens; where it differs from what was indexed (a speculated tail that the
         target rejected), forget back to the common prefix first."""
         seen = self._seen
-        common = 0
-        if len(context_ids) >= len(seen) and (not seen or context_ids[len(seen) - 1] == seen[-1]):
-            common = len(seen)
-            check = max(0, common - 8)
-            if list(context_ids[check:common]) != seen[check:]:
-                common = 0
-        if common < len(seen) or common == 0:
-            common = 0
-            for have, now in zip(seen, context_ids):
-                if have != now:
-                    break
-                common += 1
+        common = shared_prefix(seen, context_ids)
         if self._index is None or len(context_ids) + 1 > self._index.capacity:
             self._index = SuffixIndex(max(1024, 2 * len(context_ids)), max_depth=self.options.max_depth)
             common = 0

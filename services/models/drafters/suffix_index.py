@@ -100,12 +100,6 @@ class SuffixIndex:
         """Tokens held now (separators included), at most capacity."""
         return min(self.end, self.capacity)
 
-    def _alive(self, position: int) -> bool:
-        return position >= 0 and position >= self.end - self.capacity
-
-    def _at(self, position: int) -> int:
-        return self.tokens[position % self.capacity] if self._alive(position) else SEPARATOR
-
     # --- writing --------------------------------------------------------------------------------
     def extend(self, token_ids: Sequence[int]) -> None:
         """Append tokens to the current document (each linked into its chains)."""
@@ -160,33 +154,57 @@ class SuffixIndex:
             self.end = position
 
     # --- reading --------------------------------------------------------------------------------
-    def _match_length(self, position: int, tail: Sequence[int]) -> int:
-        """How many of tail's last tokens equal the tokens ending at `position` (tail reversed: tail[0] is the
-        context's last token)."""
-        depth = 0
-        limit = min(len(tail), self.max_depth)
-        while depth < limit and self._at(position - depth) == tail[depth]:
-            depth += 1
-        return depth
+    def _segment(self, start: int, stop: int) -> list[int]:
+        """The tokens at absolute positions [start, stop), SEPARATOR where evicted or not written yet: one or two
+        slices of the ring (a lookup's comparisons then run over lists, not a position at a time)."""
+        low, high = max(start, self.end - self.capacity, 0), min(stop, self.end)
+        if low >= high:
+            return [SEPARATOR] * (stop - start)
+        first, last = low % self.capacity, (high - 1) % self.capacity + 1
+        if first < last:
+            middle = self.tokens[first:last].tolist()
+        else:  # across the ring's end
+            middle = self.tokens[first:].tolist() + self.tokens[:last].tolist()
+        return [SEPARATOR] * (low - start) + middle + [SEPARATOR] * (stop - high)
+
+    @staticmethod
+    def _common_suffix(earlier: list[int], tail: list[int], known: int) -> int:
+        """How many last tokens the two equal-length lists share, given that the last `known` do (binary search:
+        a shared suffix's own suffixes are shared)."""
+        if earlier == tail:
+            return len(tail)
+        low, high = known, len(tail) - 1  # low: shared; high + 1: not
+        while low < high:
+            middle = (low + high + 1) // 2
+            if earlier[-middle:] == tail[-middle:]:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def _candidates(self, context: Sequence[int]) -> tuple[list[int], int]:
         """The occurrences (absolute positions of their last token) of the context's longest matching tail,
         most recent first, and that match's length; ([], 0) when nothing matches."""
-        tail = [int(t) for t in context[-1:-self.max_depth - 1:-1]]  # reversed
+        tail = [int(t) for t in context[-self.max_depth:]]
+        depth_limit = len(tail)
+        capacity, tokens, oldest = self.capacity, self.tokens, self.end - self.capacity
         for level, length in enumerate(self.key_lengths):
-            if len(tail) < length:
+            if depth_limit < length:
                 continue
-            key = _key(reversed(tail[:length])) & self.table_mask
+            key = _key(tail[-length:]) & self.table_mask
             position = self.heads[level][key]
+            prev = self.prev[level]
+            key_tail = tail[-length:]
             found: list[tuple[int, int]] = []
             steps = 0
-            while position != EMPTY and self._alive(position) and steps < self.max_candidates:
+            while position != EMPTY and position >= oldest and position >= 0 and steps < self.max_candidates:
                 steps += 1
-                if position + 1 < self.end and self._at(position + 1) != SEPARATOR:  # something followed it
-                    depth = self._match_length(position, tail)
-                    if depth >= length:  # a hash collision matches less
-                        found.append((position, depth))
-                position = self.prev[level][position % self.capacity]
+                # something followed it (not the end, not a document's end)
+                if position + 1 < self.end and tokens[(position + 1) % capacity] != SEPARATOR:
+                    earlier = self._segment(position - depth_limit + 1, position + 1)
+                    if earlier[-length:] == key_tail:  # a hash collision matches less
+                        found.append((position, self._common_suffix(earlier, tail, length)))
+                position = prev[position % capacity]
             if found:
                 best = max(depth for _, depth in found)
                 return [position for position, depth in found if depth == best], best
@@ -203,21 +221,24 @@ class SuffixIndex:
         if not positions:
             return SuffixDraft()
         limit = min(max_tokens, int(max_spec_factor * match_length + max_spec_offset))
+        continuations = [self._segment(position + 1, position + 1 + limit) for position in positions]
+        if len(continuations) == 1:  # one occurrence: its continuation up to the document's end, every chance 1
+            following = continuations[0]
+            length = following.index(SEPARATOR) if SEPARATOR in following else len(following)
+            return SuffixDraft(following[:length], [1.0] * length, match_length)
         token_ids: list[int] = []
         cumulative_probs: list[float] = []
         chance = 1.0
-        alive = positions
-        for offset in range(1, limit + 1):
-            following = [(position, self._at(position + offset)) for position in alive
-                         if position + offset < self.end]
-            following = [(position, token) for position, token in following if token != SEPARATOR]
-            if not following:
+        alive = continuations
+        for offset in range(limit):
+            counts = Counter(following[offset] for following in alive if following[offset] != SEPARATOR)
+            if not counts:
                 break
-            token, count = Counter(token for _, token in following).most_common(1)[0]
+            token, count = counts.most_common(1)[0]
             chance *= count / len(alive)
             if chance < min_prob:
                 break
             token_ids.append(token)
             cumulative_probs.append(chance)
-            alive = [position for position, next_token in following if next_token == token]
+            alive = [following for following in alive if following[offset] == token]
         return SuffixDraft(token_ids, cumulative_probs, match_length)
