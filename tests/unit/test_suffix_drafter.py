@@ -7,6 +7,7 @@ import pytest
 from services.models.drafters.history import History
 from services.models.drafters.ngram import NgramDrafter
 from services.models.drafters.suffix import (
+    Acceptance,
     AcceptanceMeter,
     SuffixDrafter,
     SuffixModelDrafter,
@@ -80,7 +81,7 @@ def test_a_finished_in_process_session_joins_its_tenants_history():
 
 
 def test_the_acceptance_meter_reads_what_the_target_kept():
-    meter = AcceptanceMeter(prior=0.5, weight=1.0)
+    meter = AcceptanceMeter(estimate=Acceptance(alpha=0.5, weight=1.0))
     meter.proposed(3, [7, 8, 9], expected=2.0)
     meter.observe([1, 2, 3])  # not verified yet
     assert meter.num_rounds == 0
@@ -179,3 +180,15 @@ def test_a_session_prices_its_drafts_by_its_cost_model_and_starts_from_its_prior
     assert drafter.prices.model_draft == pytest.approx(0.25)
     assert drafter.prices.verify(2) == pytest.approx(1.5) and drafter.prices.verify(8) == pytest.approx(2.0)
     assert drafter.model_meter.alpha == 0.9
+
+
+def test_sessions_of_one_process_start_from_what_earlier_sessions_measured():
+    from services.config import SuffixSettings
+    from services.models.drafters import DraftSource
+
+    source = DraftSource("suffix", None, suffix=SuffixSettings(history_tokens=0))
+    first, second = source.new_drafter(), source.new_drafter()
+    first.propose([40, 41, 42, 43, 44, 7, 40, 41], 4, GREEDY, None)  # proposes 42 43 44 ...
+    first.propose([40, 41, 42, 43, 44, 7, 40, 41, 9, 9], 4, GREEDY, None)  # the target kept none of it
+    assert source.learned_suffix.num_rounds == 1 and source.learned_suffix.calibration < 1.0
+    assert second.meter.calibration == source.learned_suffix.calibration

@@ -33,7 +33,7 @@ from services.models.drafters.model import ModelDrafter
 from services.models.drafters.hybrid import HybridDrafter
 from services.models.drafters.history import History
 from services.models.drafters.ngram import NgramDrafter
-from services.models.drafters.suffix import SuffixDrafter, SuffixModelDrafter, SuffixOptions
+from services.models.drafters.suffix import Acceptance, SuffixDrafter, SuffixModelDrafter, SuffixOptions
 from services.models.drafters.synthetic import SyntheticDrafter
 from services.speculative.draft_choice import DraftPrices
 from services.models.synthetic_spec import SYNTHETIC_PREFIX, ReferenceBook, parse_synthetic_spec
@@ -114,6 +114,10 @@ class DraftSource:
     engine: DraftEngine | None = None  # a draft engine given whole (llama.cpp); else built from `model`
     suffix: SuffixSettings | None = None  # suffix drafts first (alone, or chosen per round against the model's)
     history: History | None = None  # the tenants' earlier outputs, shared by every session of the process
+    # what suffix and model drafts earned in this process's sessions: the per-round choice of a new session
+    # starts from them
+    learned_suffix: Acceptance = field(default_factory=lambda: Acceptance(alpha=0.5, calibration=0.5))
+    learned_model: Acceptance = field(default_factory=lambda: Acceptance(alpha=0.6))
     _engine_checked: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -176,10 +180,10 @@ class DraftSource:
                                 max_spec_factor=settings.max_spec_factor, max_spec_offset=settings.max_spec_offset,
                                 min_match=settings.min_match, max_draft_tokens=settings.max_draft_tokens)
         prices = DraftPrices(model_draft=settings.model_draft_cost, verify_growth=settings.verify_growth)
-        lookup = SuffixDrafter(self.history, options, name=self.spec, prices=prices)
+        lookup = SuffixDrafter(self.history, options, name=self.spec, prices=prices, learned=self.learned_suffix)
         if self.model is None and self.engine is None:
             return lookup
-        return SuffixModelDrafter(lookup, self._model_drafter(), name=self.spec)
+        return SuffixModelDrafter(lookup, self._model_drafter(), name=self.spec, learned=self.learned_model)
 
 
 def load_draft_source(

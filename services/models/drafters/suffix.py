@@ -47,19 +47,43 @@ class SuffixOptions:
     max_draft_tokens: int = 16  # a sure match may be drafted this long, past the block length asked for
 
 
-class AcceptanceMeter:
-    """A drafter's acceptance, read from the context of its next call: the tokens of its last proposal that the
-    context now carries in place (the target kept them), counted until the first that differs. Also how many
-    it kept against how many the drafter expected (`calibration`), for drafts that say how sure they are."""
+@dataclass
+class Acceptance:
+    """What a drafter's drafts earned, smoothed: per-token acceptance and, for drafts that say how sure they are,
+    accepted tokens over expected ones. One per drafter kind per process (DraftSource), shared by every session
+    it serves: a new session starts from what the earlier ones measured, not from a guess."""
 
-    def __init__(self, prior: float, weight: float = 0.2) -> None:
-        self.alpha = prior  # per-token acceptance, smoothed
-        self.calibration = 1.0  # accepted / expected, smoothed
-        self.weight = weight
+    alpha: float  # per-token acceptance
+    calibration: float = 1.0  # accepted / expected
+    weight: float = 0.1
+    num_rounds: int = 0
+
+    def update(self, accepted: int, chances: int, expected: float | None) -> None:
+        self.num_rounds += 1
+        self.alpha += self.weight * (accepted / chances - self.alpha)
+        if expected:
+            self.calibration += self.weight * (min(2.0, accepted / expected) - self.calibration)
+
+
+class AcceptanceMeter:
+    """A session drafter's acceptance, read from the context of its next call: the tokens of its last proposal
+    that the context now carries in place (the target kept them), counted until the first that differs, into
+    its `estimate` (its own, or one its process's sessions share)."""
+
+    def __init__(self, prior: float = 0.5, estimate: Acceptance | None = None) -> None:
+        self.estimate = estimate if estimate is not None else Acceptance(alpha=prior, weight=0.2)
         self.num_rounds = 0
         self.num_drafted = 0
         self.num_accepted = 0
         self._pending: tuple[int, list[int], float | None] | None = None  # (context length, tokens, expected)
+
+    @property
+    def alpha(self) -> float:
+        return self.estimate.alpha
+
+    @property
+    def calibration(self) -> float:
+        return self.estimate.calibration
 
     def proposed(self, context_length: int, token_ids: list[int], expected: float | None = None) -> None:
         self._pending = (context_length, token_ids, expected) if token_ids else None
@@ -81,10 +105,8 @@ class AcceptanceMeter:
         self.num_rounds += 1
         self.num_drafted += len(token_ids)
         self.num_accepted += accepted
-        chances = min(len(token_ids), accepted + 1)  # positions after a rejection had no chance
-        self.alpha += self.weight * (accepted / chances - self.alpha)
-        if expected:
-            self.calibration += self.weight * (min(2.0, accepted / expected) - self.calibration)
+        # positions after a rejection had no chance
+        self.estimate.update(accepted, min(len(token_ids), accepted + 1), expected)
 
 
 def shared_prefix(seen: list[int], context_ids: Sequence[int]) -> int:
@@ -110,7 +132,9 @@ class SuffixDrafter:
     extends = True  # may propose more than asked: up to options.max_draft_tokens, as long as it pays
 
     def __init__(self, history: History | None = None, options: SuffixOptions | None = None, *,
-                 tenant: str = "", name: str = "suffix", prices: DraftPrices | None = None) -> None:
+                 tenant: str = "", name: str = "suffix", prices: DraftPrices | None = None,
+                 learned: Acceptance | None = None) -> None:
+        """learned: what this process's suffix drafts earned so far (shared by its sessions)."""
         self.name = name
         self.history = history
         self.tenant = tenant
@@ -118,7 +142,7 @@ class SuffixDrafter:
         self.prices = prices or DraftPrices()  # a session with a measured cost model binds its own (bind_prices)
         self._index: SuffixIndex | None = None
         self._seen: list[int] = []  # the tokens indexed, in order
-        self.meter = AcceptanceMeter(prior=0.5)
+        self.meter = AcceptanceMeter(prior=0.5, estimate=learned)
         self.num_local_drafts = 0  # drafts from the session's own context
         self.num_history_drafts = 0  # drafts from the tenant's earlier outputs
         self.last_draft = SuffixDraft()
@@ -197,11 +221,12 @@ class SuffixModelDrafter:
     extends = True
 
     def __init__(self, lookup: SuffixDrafter, model: Drafter, *, prior_alpha: float = 0.6,
-                 name: str = "suffix") -> None:
+                 name: str = "suffix", learned: Acceptance | None = None) -> None:
+        """learned: what this process's model drafts earned so far (shared by its sessions)."""
         self.name = name
         self.lookup = lookup
         self.model = model
-        self.model_meter = AcceptanceMeter(prior=prior_alpha)
+        self.model_meter = AcceptanceMeter(prior=prior_alpha, estimate=learned)
         self.num_lookup_rounds = 0
         self.num_model_rounds = 0
         self.num_skipped_rounds = 0  # rounds neither drafted: a long prompt's prefill would not pay back
@@ -288,5 +313,5 @@ def bind_prices(drafter: Drafter | None, cost: CostModel | None, prior: float | 
     suffix = suffix_drafter(drafter)
     if suffix is not None and cost is not None:
         suffix.prices = DraftPrices.from_cost(cost, suffix.prices)
-    if isinstance(drafter, SuffixModelDrafter) and prior is not None and drafter.model_meter.num_rounds == 0:
-        drafter.model_meter.alpha = prior
+    if isinstance(drafter, SuffixModelDrafter) and prior is not None and drafter.model_meter.estimate.num_rounds == 0:
+        drafter.model_meter.estimate.alpha = prior  # nothing measured in this process yet
