@@ -41,7 +41,7 @@ from services.speculative.block_length import BlockLengthController, RecentRound
 from services.speculative.bridging import bridge_lead
 from services.speculative.chaining import chain_holds, followed
 from services.speculative.cost_model import CostModel
-from services.speculative.stats import SpecDecodingStats, percentile
+from services.speculative.stats import SUFFIX_DRAFTERS, SpecDecodingStats, model_round, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -411,10 +411,15 @@ class DraftSession:
             self.first_token_at = time.time()
         self.stats = verdict.stats
         self._observe_load(verdict.batch_rows, draft_sessions, verdict.load_arm)
+        # the block length and the fallback are the model draft's: a suffix draft's round is free, and its own
+        # acceptance goes to the per-round choice (drafters/suffix.py), not to the controller
+        drafted, accepted = model_round(flight.block.drafter, verdict.num_draft_tokens, verdict.num_accepted)
         if self.recent is not None:
-            self.recent.observe(verdict.num_draft_tokens, verdict.num_accepted, verdict.batch_rows, verdict.load_arm)
-        if verdict.num_draft_tokens or flight.block.draft_ids:
-            self.controller.update(verdict.num_draft_tokens, verdict.num_accepted)
+            self.recent.observe(drafted, accepted, verdict.batch_rows, verdict.load_arm)
+        if drafted or (flight.block.draft_ids and flight.block.drafter not in SUFFIX_DRAFTERS):
+            self.controller.update(drafted, accepted)
+        elif flight.block.draft_ids:
+            self.controller.update(0, 0)
 
         # target-only rounds the block asked for (those the verify worker bridged before it came are not)
         for _ in range(verdict.num_rounds - verdict.num_bridged - (1 if flight.block.draft_ids else 0)):

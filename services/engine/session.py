@@ -23,7 +23,7 @@ from services.models.drafters.batched import bound_draft_context
 from services.models.drafters.suffix import bind_prices
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController, opens_plain, within_limits
-from services.speculative.stats import SpecDecodingStats
+from services.speculative.stats import SpecDecodingStats, model_round
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ class GenerationSession:
         self.draft_s += drafted - started
         self.verify_s += time.perf_counter() - drafted
         verification = result.verification
-        self.controller.update(verification.num_draft_tokens, verification.num_accepted)
+        # the controller steers the model draft: a suffix draft's round counts as a target-only one there
+        self.controller.update(*model_round(proposal.drafter, verification.num_draft_tokens, verification.num_accepted))
         if self.finished:
             self.release()
         return result.emitted

@@ -22,6 +22,12 @@ HISTORY_DRAFTER = "history"  # a block from the tenant's earlier outputs
 SUFFIX_DRAFTERS = (SUFFIX_DRAFTER, HISTORY_DRAFTER)
 
 
+def model_round(drafter: str, num_draft_tokens: int, num_accepted: int) -> tuple[int, int]:
+    """A round as the model draft's block-length controller counts it: a suffix draft's as a target-only round
+    (free, and judged by its own measure), any other as it was."""
+    return (0, 0) if drafter in SUFFIX_DRAFTERS else (num_draft_tokens, num_accepted)
+
+
 @dataclass
 class SpecDecodingStats:
     num_target_calls: int = 0  # rounds, with or without a draft
