@@ -20,7 +20,7 @@ from services.engine.target import TargetSession, run_step
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
 from services.models.drafters.batched import bound_draft_context
-from services.models.drafters.suffix import bind_prices
+from services.models.drafters.suffix import bind_prices, learned_prior
 from services.models.loading import LoadedModel
 from services.speculative.block_length import BlockLengthController, opens_plain, within_limits
 from services.speculative.stats import SpecDecodingStats, model_round
@@ -50,7 +50,10 @@ class GenerationSession:
         output = OutputState.for_request(target, max_new_tokens=options.max_new_tokens, stop=options.stop,
                                          ignore_eos=options.ignore_eos)
         cost = options.cost if options.speculative.block_policy == "cost" else None
-        self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost)
+        # a per-round choice's model half starts from what this process measured of it (a worker's sessions
+        # start from their worker's recent rounds the same way: RecentRounds)
+        self.controller = BlockLengthController(options.speculative, options.num_draft_tokens, cost,
+                                                prior=learned_prior(drafter))
         bind_prices(drafter, options.cost, self.controller.prior)
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)

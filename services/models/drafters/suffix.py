@@ -27,7 +27,6 @@ from services.speculative.cost_model import CostModel
 from services.speculative.draft_choice import (
     DraftPrices,
     best_suffix_length,
-    model_pays,
     prefill_share,
     suffix_pays,
 )
@@ -229,7 +228,6 @@ class SuffixModelDrafter:
         self.model_meter = AcceptanceMeter(prior=prior_alpha, estimate=learned)
         self.num_lookup_rounds = 0
         self.num_model_rounds = 0
-        self.num_skipped_rounds = 0  # rounds neither drafted: a long prompt's prefill would not pay back
 
     @property
     def prices(self) -> DraftPrices:
@@ -265,13 +263,7 @@ class SuffixModelDrafter:
             self.lookup.note(context_ids, draft)
             return as_proposal(draft)
         self.lookup.note(context_ids, SuffixDraft())
-        if prefill and model_pays(alpha, num_draft_tokens, self.prices) and \
-                not model_pays(alpha, num_draft_tokens, self.prices, prefill):
-            # the prefill is what makes the model draft not pay (whether it pays at all is the block-length
-            # controller's call): a target-only round now, no prefill on the way
-            self.num_skipped_rounds += 1
-            return DraftProposal([], None)
-        self.num_model_rounds += 1
+        self.num_model_rounds += 1  # whether the model draft pays at all is the block-length controller's call
         return None
 
     def model_proposed(self, context_ids: Sequence[int], proposal: DraftProposal) -> None:
@@ -304,6 +296,14 @@ def bind_tenant(drafter: Drafter | None, tenant: str) -> None:
     suffix = suffix_drafter(drafter)
     if suffix is not None:
         suffix.tenant = tenant
+
+
+def learned_prior(drafter: Drafter | None, min_rounds: int = 5) -> float | None:
+    """The model draft's acceptance its process measured (a per-round choice's model half), for a new session's
+    block-length controller to start from; None until min_rounds were measured."""
+    if isinstance(drafter, SuffixModelDrafter) and drafter.model_meter.estimate.num_rounds >= min_rounds:
+        return drafter.model_meter.estimate.alpha
+    return None
 
 
 def bind_prices(drafter: Drafter | None, cost: CostModel | None, prior: float | None = None) -> None:
