@@ -72,7 +72,7 @@ class DraftRuntime:
                                     blocks_ahead=self.settings.worker.blocks_ahead,
                                     prefill_after_opening=self.settings.speculative.draft_prefill == "after_opening")
         self.driver.start()
-        if self.draft_source.stepwise:
+        if self.draft_source.reads_prompt:
             self.plain_opening_tokens = self.settings.speculative.plain_opening_tokens
 
     @property

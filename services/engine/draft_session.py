@@ -33,7 +33,7 @@ from services.engine.draft_pipeline import DraftTiming, SpeculationState, hidden
 from services import protocol
 from services.config import SpeculativeSettings
 from services.link.meter import RoundTrip, transport_ms
-from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs
+from services.models.drafters.base import DraftProposal, Drafter, block_probs, per_token_probs, reads_prompt
 from services.models.drafters.batched import DraftCall, bound_draft_context
 from services.models.drafters.suffix import bind_prices, bind_tenant
 from services.protocol import DraftBlock, OutputEvent, SessionSpec, Verdict
@@ -149,7 +149,7 @@ class DraftSession:
         # The first block: target-only while the draft prefills its KV, speculating the block after it
         # (a long prompt's draft prefill would otherwise come before the target's, on the critical path).
         self._plain_opening = self.round == 0 and opens_plain(speculative, len(spec.prompt_ids),
-                                                               bool(getattr(self.drafter, "stepwise", False)))
+                                                               reads_prompt(self.drafter))
         self._opening_block: DraftBlock | None = None  # speculated like a block accepted whole
         self.transport_ms: list[float] = []  # per round (services/link/meter.py), for the bench
         self.round_trip_ms: list[float] = []

@@ -18,7 +18,7 @@ from services.engine.stopping import OutputState
 from services.engine.context import check_request_fits
 from services.engine.target import TargetSession, run_step
 from services.models.engine import TargetEngine, TorchEngine
-from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
+from services.models.drafters.base import DraftProposal, Drafter, longer_allowed, reads_prompt
 from services.models.drafters.batched import bound_draft_context
 from services.models.drafters.suffix import bind_prices, learned_prior
 from services.models.loading import LoadedModel
@@ -61,7 +61,7 @@ class GenerationSession:
         self._remembered = False
         self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
         self._plain_opening = opens_plain(options.speculative, len(self.prompt_ids),
-                                          bool(getattr(drafter, "stepwise", False)))
+                                          reads_prompt(drafter))
 
     @property
     def output(self) -> OutputState:

@@ -71,10 +71,6 @@ def prefill_share(missing_tokens: int, tokens_left: int, alpha: float, num_draft
     return missing_tokens * prices.model_prefill / rounds_left
 
 
-def model_pays(alpha: float, num_draft_tokens: int, prices: DraftPrices, extra_cost: float = 0.0) -> bool:
-    """Whether the model draft beats the target alone (one token per one-token forward)."""
-    return model_rate(alpha, num_draft_tokens, prices, extra_cost) > 1.0 / prices.verify(1)
-
 
 def best_suffix_length(cumulative_probs: list[float], prices: DraftPrices) -> int:
     """How many tokens of a suffix draft to send: the prefix with the most expected tokens per cost (its

@@ -159,16 +159,20 @@ def test_rounds_are_counted_by_who_drafted_them():
     assert merged.num_history_drafts == 2 and merged.num_suffix_accepted_tokens == 18
 
 
-def test_a_long_unread_prompt_is_not_prefilled_for_the_model_draft_when_that_cannot_pay_back():
-    from services.speculative.draft_choice import model_pays, prefill_share
+def test_a_long_unread_prompt_charges_the_model_draft_its_prefill_shared_by_the_rounds_left():
+    from services.speculative.draft_choice import prefill_share
 
     prices = DraftPrices(model_draft=0.3, model_prefill=0.04, verify_growth=0.05)
-    assert model_pays(0.9, 4, prices)
+    assert model_rate(0.9, 4, prices) > 1.0  # it beats the target alone
     # 3,000 prompt tokens to read for 20 tokens left: the prefill outweighs what the draft saves
-    assert not model_pays(0.9, 4, prices, prefill_share(3000, 20, 0.9, 4, prices))
+    assert model_rate(0.9, 4, prices, prefill_share(3000, 20, 0.9, 4, prices)) < 1.0
     # the same prompt with 2,000 tokens left: paid once, shared by every round
-    assert model_pays(0.9, 4, prices, prefill_share(3000, 2000, 0.9, 4, prices))
+    assert model_rate(0.9, 4, prices, prefill_share(3000, 2000, 0.9, 4, prices)) > 1.0
     assert prefill_share(0, 20, 0.9, 4, prices) == 0.0
+    # a sure suffix draft wins the round over a model draft that must read the prompt first
+    shared = prefill_share(3000, 20, 0.9, 4, prices)
+    assert suffix_pays(0.8, 3, model_alpha=0.9, model_tokens=4, prices=prices, model_extra_cost=shared)
+    assert not suffix_pays(0.8, 3, model_alpha=0.9, model_tokens=4, prices=prices)
 
 
 def test_a_session_prices_its_drafts_by_its_cost_model_and_starts_from_its_prior():

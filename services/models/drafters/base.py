@@ -46,6 +46,13 @@ def per_token_probs(proposal: DraftProposal) -> list[torch.Tensor | None]:
     return list(proposal.probs)
 
 
+def reads_prompt(drafter) -> bool:
+    """Whether the drafter must read (prefill) the prompt before it drafts: a model draft stepped token by token
+    (`stepwise`), or a per-round choice with a model half (`needs_prefill`). Such a session opens with a
+    target-only round while the draft reads (services/speculative/block_length.py opens_plain)."""
+    return bool(getattr(drafter, "stepwise", False) or getattr(drafter, "needs_prefill", False))
+
+
 def longer_allowed(drafter, max_draft_tokens: int | None) -> dict:
     """propose()'s keyword for a drafter that may propose more than it was asked (`extends = True`: a suffix
     draft, free to draft and sure of a long match), up to max_draft_tokens (the request's end, the context's

@@ -131,6 +131,12 @@ class DraftSource:
         return not self.is_none and self.references is None and not self.hybrid and self.suffix is None and (
             self.model is not None or self.engine is not None)
 
+    @property
+    def reads_prompt(self) -> bool:
+        """Whether its drafters read the prompt before they draft (drafters/base.py reads_prompt): a stepwise
+        model draft, or a per-round choice with a model half."""
+        return self.stepwise or (self.suffix is not None and (self.model is not None or self.engine is not None))
+
     def _model_drafter(self) -> Drafter:
         """A session's model drafter: on the draft engine every session of the process shares (drafts of
         many sessions step together), or, for a model the packed forward cannot walk, a cache of its own."""

@@ -218,6 +218,7 @@ class SuffixModelDrafter:
     and steps the model halves of the sessions that chose the model together."""
 
     extends = True
+    needs_prefill = True  # its model half reads the prompt: the session opens with a target-only round
 
     def __init__(self, lookup: SuffixDrafter, model: Drafter, *, prior_alpha: float = 0.6,
                  name: str = "suffix", learned: Acceptance | None = None) -> None:
