@@ -201,9 +201,13 @@ class SuffixIndex:
                 steps += 1
                 # something followed it (not the end, not a document's end)
                 if position + 1 < self.end and tokens[(position + 1) % capacity] != SEPARATOR:
-                    earlier = self._segment(position - depth_limit + 1, position + 1)
+                    # a short look first (most occurrences of a short key match little more than the key)
+                    near = min(depth_limit, 2 * length)
+                    earlier = self._segment(position - near + 1, position + 1)
                     if earlier[-length:] == key_tail:  # a hash collision matches less
-                        found.append((position, self._common_suffix(earlier, tail, length)))
+                        if near < depth_limit and earlier == tail[-near:]:
+                            earlier, near = self._segment(position - depth_limit + 1, position + 1), depth_limit
+                        found.append((position, self._common_suffix(earlier, tail[-near:], length)))
                 position = prev[position % capacity]
             if found:
                 best = max(depth for _, depth in found)
