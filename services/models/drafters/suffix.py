@@ -144,7 +144,6 @@ class SuffixDrafter:
         self.meter = AcceptanceMeter(prior=0.5, estimate=learned)
         self.num_local_drafts = 0  # drafts from the session's own context
         self.num_history_drafts = 0  # drafts from the tenant's earlier outputs
-        self.last_draft = SuffixDraft()
 
     def _sync(self, context_ids: Sequence[int]) -> None:
         """Index the context's new tokens; where it differs from what was indexed (a speculated tail that the
@@ -182,7 +181,6 @@ class SuffixDrafter:
         if best.match_length < options.min_match:
             best = SuffixDraft()
         best = best.cut(best_suffix_length(best.cumulative_probs, self.prices))
-        self.last_draft = best
         return best
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
