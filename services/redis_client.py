@@ -115,7 +115,17 @@ return -1
 
 class RoundCommitter:
     def __init__(self, client: redis.Redis) -> None:
+        self._client = client
         self._script = client.register_script(COMMIT_ROUND_LUA)
+
+    def command(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes,
+                verdict: bytes) -> tuple:
+        """The commit as one EVALSHA command (services/redis_sent.py writes a batch of them); its reply is
+        commit()'s, or a NoScriptError after Redis lost its scripts (a restart): load() it, then commit again."""
+        return ("EVALSHA", self._script.sha, 2, stream_key, verdict_key, expected_seq, event, verdict, REQUEST_TTL_S)
+
+    def load(self) -> None:
+        self._client.script_load(COMMIT_ROUND_LUA)
 
     def commit(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes, verdict: bytes,
                client: redis.Redis | None = None) -> int | None:

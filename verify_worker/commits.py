@@ -12,11 +12,13 @@ import logging
 import time
 
 import redis
+from redis.exceptions import NoScriptError
 
 from services import protocol
 from services.history_feed import HISTORY_PROMPT_TAIL, append_finished
 from services.protocol import DraftBlock, FinishedOutput, OutputEvent
 from services.redis_client import RoundCommitter
+from services.redis_sent import SentCommands
 from verify_worker.committed import CommittedEvents
 from verify_worker.records import Recorder
 from verify_worker.session_table import SessionTable
@@ -35,9 +37,11 @@ class StreamCommits:
         self.recorder = recorder  # SQL records of the sessions drafted here (placement local)
         self.committer = RoundCommitter(client)
         self.committed = CommittedEvents()  # to make streams whole after a failover (verify_worker/committed.py)
+        self._pending: tuple[list[CommitItem], SentCommands] | None = None  # a batch whose replies are unread
 
     def fail(self, requests: list[tuple[str, DraftBlock | None]], reason: str) -> None:
         """End these requests with an error event (and a verdict to their senders); drop their sessions."""
+        self.settle()
         with self.client.pipeline(transaction=False) as pipe:
             for request_id, _ in requests:
                 pipe.xlen(protocol.output_stream(request_id))
@@ -50,21 +54,48 @@ class StreamCommits:
             if session is not None and session.local is not None and self.recorder is not None:
                 self.recorder.ended(session.local, len(session.target.output.output_ids), error=message)
 
-    def publish(self, items: list[CommitItem]) -> None:
-        """Every item's event and verdict in one pipelined round trip; a session whose commit lost (the
-        stream moved: a cancellation, another verifier) is dropped here, one whose stream is shorter than
-        what this worker committed (a Redis failover lost events) is made whole again."""
+    def publish(self, items: list[CommitItem], *, defer: bool = False) -> None:
+        """Every item's event and verdict in one batch of commits, written now; their replies are read here, or,
+        with defer, by the next settle() (the caller's next forward overlaps the round trip: Redis applies the
+        commits when it reads them, only this worker's bookkeeping of the replies waits)."""
+        self.settle()
         if not items:
             return
-        for item in items:
+        for item in items:  # first: whatever happens to the batch, a failover's refill has them
             if item.event:
                 self.committed.record(item.request_id, item.seq, item.event)
-        with self.client.pipeline(transaction=False) as pipe:
-            for item in items:
-                self.committer.commit(stream_key=protocol.output_stream(item.request_id),
+        self._pending = (items, SentCommands(self.client, [self._command(item) for item in items]))
+        if not defer:
+            self.settle()
+
+    def settle(self) -> None:
+        """Read the replies of the batch written last and act on them: a session whose commit lost (the stream
+        moved: a cancellation, another verifier) is dropped, one whose stream is shorter than what this worker
+        committed (a Redis failover lost events) is made whole again, a finished one is let go."""
+        if self._pending is None:
+            return
+        (items, sent), self._pending = self._pending, None
+        replies = sent.replies()
+        unloaded = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if unloaded:  # Redis lost its scripts (a restart): none of those ran; load and commit them again
+            self.committer.load()
+            again = SentCommands(self.client, [self._command(items[index]) for index in unloaded]).replies()
+            for index, reply in zip(unloaded, again):
+                replies[index] = reply
+        self._apply(items, replies)
+
+    def abandon(self) -> None:
+        """Forget the batch in flight (Redis went away: the refill after it commits again what it lacks)."""
+        if self._pending is not None:
+            self._pending[1].abandon()
+            self._pending = None
+
+    def _command(self, item: CommitItem) -> tuple:
+        return self.committer.command(stream_key=protocol.output_stream(item.request_id),
                                       verdict_key=item.reply_to, expected_seq=item.seq, event=item.event,
-                                      verdict=item.verdict, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
+                                      verdict=item.verdict)
+
+    def _apply(self, items: list[CommitItem], replies: list[object]) -> None:
         short = []
         for item, reply in zip(items, replies):
             if isinstance(reply, Exception):
@@ -115,6 +146,7 @@ class StreamCommits:
         """Append again the events these requests' streams lost (verify_worker/committed.py), then push
         `verdicts` (of commits that found their stream short). A stream that lost more than is kept ends
         with an error. Returns the events appended again."""
+        self.settle()
         with self.client.pipeline(transaction=False) as pipe:
             for request_id in request_ids:
                 pipe.xlen(protocol.output_stream(request_id))
@@ -148,6 +180,7 @@ class StreamCommits:
 
     def end_cancelled(self, session: VerifySession) -> None:
         """A 'cancelled' event closes a local session's stream (unless a round of another verifier just did)."""
+        self.settle()
         target = session.target
         event = OutputEvent(request_id=session.request_id, seq=session.round, token_ids=[],
                             num_output_tokens=len(target.output.output_ids), finished=True,

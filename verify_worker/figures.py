@@ -41,8 +41,9 @@ class StageTimes:
       its request from Redis); wait: blocked on an empty queue, and the batch window for blocks on their way;
     draft: co-located drafting (placement local); plan: choosing the step's rows, the KV budget, the threads;
     prepare / forward / apply: building the rows, the engine's forward, the round math (services/engine/target.py
-    StepSplit); events: the output events and verdicts built from the results; commit: their pipelined Redis
-    round trip (the commit script); turn: every turn's whole time, so other = turn - the stages above
+    StepSplit); settle: reading the replies of the last step's commits (written before this forward) and acting on
+    them; events: the output events and verdicts built from the results; commit: writing them (one commit script
+    each, replies read at the next settle); turn: every turn's whole time, so other = turn - the stages above
     (cancellation checks, expiries, figures)."""
 
     turns: int = 0
@@ -54,6 +55,7 @@ class StageTimes:
     prepare_s: float = 0.0
     forward_s: float = 0.0
     apply_s: float = 0.0
+    settle_s: float = 0.0
     events_s: float = 0.0
     commit_s: float = 0.0
 

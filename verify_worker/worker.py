@@ -148,6 +148,7 @@ class VerifyWorker:
                 self.turn(poll_s)
             except redis.RedisError as exc:  # Redis gone for a moment: keep the sessions, try again
                 logger.warning("verify worker %s: Redis error (%s); retrying", self.worker_id, exc)
+                self.commits.abandon()
                 self._outage = True
                 stop.wait(0.5)
             except Exception:  # the process boundary: one bad turn must not end the worker
@@ -159,6 +160,8 @@ class VerifyWorker:
         timed into self.figures.stages (verify_worker/figures.py StageTimes)."""
         stages = self.figures.stages
         turn_started = time.perf_counter()
+        if not self._ready():  # no forward to overlap the last step's commits: their replies now
+            self._settle()
         raws = self._pop(0.0 if self._carried or self._ready() or self._local_due()
                          else min(poll_s, self._bridge_wait()))
         carried, self._carried = self._carried, []
@@ -182,6 +185,12 @@ class VerifyWorker:
         stages.turns += 1
         stages.since("turn", turn_started)
         return rows
+
+    def _settle(self) -> None:
+        """The replies of the last step's commits (verify_worker/commits.py settle)."""
+        started = time.perf_counter()
+        self.commits.settle()
+        self.figures.stages.since("settle", started)
 
     def _ready(self) -> list[VerifySession]:
         """Sessions with a row for the next step: a block in hand, or a bridge whose round is due; when any
@@ -386,6 +395,7 @@ class VerifyWorker:
     def _rebuild(self, blocks: list[DraftBlock]) -> None:
         """Blocks whose session is not here in the right state: read spec and stream (one round trip) and
         build the session, resume a half-done block, or answer with a resync verdict."""
+        self._settle()  # the streams as this worker's own commits left them
         with self.client.pipeline(transaction=False) as pipe:
             for block in blocks:
                 pipe.get(protocol.request_key(block.request_id))
@@ -482,16 +492,23 @@ class VerifyWorker:
         stages.prepare_s += split.prepare_s
         stages.forward_s += split.forward_s
         stages.apply_s += split.apply_s
+        outage = None
+        try:  # the last step's commits, written before this forward: their replies
+            self._settle()
+        except redis.RedisError as exc:  # this step's rounds are applied: their commits are recorded first
+            outage = exc
         remote = any(s.drafted_remotely for s in sessions)
-        arriving = self._arrivals() if remote else []
+        arriving = self._arrivals() if remote and outage is None else []
         try:
             building = time.perf_counter()
             rows, told_load = self._told_load(sessions, load, [block for block, _ in arriving]) if remote \
                 else (len(sessions), load)
             items = self._outcomes(sessions, results, rows=rows, word=self._word(told_load))
             committing = stages.since("events", building)
-            self.commits.publish(items)
+            self.commits.publish(items, defer=True)  # the replies are read after the next forward
             stages.since("commit", committing)
+            if outage is not None:
+                raise outage
             self._continue_chains(sessions)
         except BaseException:
             self._carried = arriving  # taken at the next turn's intake (after an outage: once Redis is back)
@@ -612,6 +629,8 @@ class VerifyWorker:
         items = []
         drafting = len(self._local())  # local sessions, for their controllers' view of the draft load
         for session, result in zip(sessions, results):
+            if session.request_id not in self.sessions:  # dropped by the last step's commit replies (settled)
+                continue
             self.sessions.touch(session)
             if result is None:  # a prefill chunk: nothing to commit yet
                 continue

@@ -9,7 +9,15 @@ from services.speculative.stats import SpecDecodingStats
 
 
 class IncrementalText:
-    """Token ids -> text deltas that never split a character and never leak part of a stop string."""
+    """Token ids -> text deltas that never split a character and never leak part of a stop string.
+
+    Each feed decodes only a window (the last tokens already settled, for their context, and the new ones), not
+    the whole output: a token's text is the window's text past the part the settled tokens give, as vLLM's
+    incremental detokenizer does. Where a tokenizer's decoding is not local (the window's text does not start with
+    what its settled part decodes to, e.g. a clean-up that merges across the seam), the whole output is decoded
+    once and the window starts again from there, so the text is always the whole output's decoding."""
+
+    CONTEXT_TOKENS = 5  # settled tokens decoded again before the new ones: a token decodes as it does mid-text
 
     def __init__(self, tokenizer: object, stop: list[str]) -> None:
         self.tokenizer = tokenizer
@@ -17,14 +25,37 @@ class IncrementalText:
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self.token_ids: list[int] = []
         self.sent = ""
+        self._settled = ""  # the text of token_ids[:self._read]
+        self._read = 0  # tokens whose text is settled (it ends on a whole character)
+        self._context = 0  # the window's first token: CONTEXT_TOKENS before _read
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def text(self) -> str:
         """The whole text so far, stop strings cut."""
-        return self.stop_strings.truncate(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+        return self.stop_strings.truncate(self._decode(self.token_ids))
+
+    def _current(self) -> str:
+        """The whole output's decoding (stop strings not cut): the settled text and the window's new part."""
+        context = self.token_ids[self._context:self._read]
+        before = self._decode(context) if context else ""
+        window = self._decode(self.token_ids[self._context:])
+        if window.startswith(before):
+            fresh = window[len(before):]
+            text = self._settled + fresh
+            settle = bool(fresh)
+        else:  # not local at this seam: the whole output, once
+            text = self._decode(self.token_ids)
+            settle = True
+        if settle and not text.endswith("\ufffd"):  # ends on a whole character: settled
+            self._settled, self._read = text, len(self.token_ids)
+            self._context = max(0, self._read - self.CONTEXT_TOKENS)
+        return text
 
     def feed(self, token_ids: list[int]) -> str:
         self.token_ids.extend(token_ids)
-        text = self.text()
+        text = self.stop_strings.truncate(self._current())
         safe = text[: len(text) - self._holdback] if self._holdback else text
         safe = safe.rstrip("\ufffd")  # an incomplete multi-byte character
         if len(safe) <= len(self.sent) or not safe.startswith(self.sent):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 # the stages of a verify worker's turn, as its heartbeat's stage_times names them (verify_worker/figures.py
 # StageTimes: "<stage>_s", besides turns and turn_s); a tooling package reads them by name, never imports the app
-STAGES = ("intake", "wait", "draft", "plan", "prepare", "forward", "apply", "events", "commit")
+STAGES = ("intake", "wait", "draft", "plan", "prepare", "forward", "apply", "settle", "events", "commit")
 
 
 @dataclass

@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # the runner imports this module's caller
     from services.bench.overhead import OverheadConfig, OverheadRow, Profiles
     from services.bench.overhead_figures import InProcess
 
-STEP_COLUMNS = ("turn", "wait", "intake", "draft", "plan", "prepare", "forward", "apply", "events", "commit", "other")
+STEP_COLUMNS = ("turn", "wait", "intake", "draft", "plan", "prepare", "forward", "apply", "settle", "events", "commit",
+                "other")
 
 
 def _cell(value, digits: int = 3) -> str:
@@ -88,8 +89,9 @@ def write_markdown(path: Path, info: dict, floor: InProcess, rows: list[Overhead
 STAGE_NOTES = (
     "Stages (verify_worker/figures.py StageTimes): intake = non-blocking pops of blocks, decoding, admitting them; "
     "wait = blocked on an empty queue or in the batch window; draft = co-located drafting; plan = choosing rows, "
-    "KV budget, threads; prepare / forward / apply = building rows, the engine's forward, the round math; events = "
-    "output events and verdicts built; commit = their pipelined Redis round trip; other = the rest of a turn. "
+    "KV budget, threads; prepare / forward / apply = building rows, the engine's forward, the round math; settle = "
+    "the last step's commit replies read and acted on; events = output events and verdicts built; commit = writing "
+    "them (the replies are read at the next settle, after the next forward); other = the rest of a turn. "
     "CPU per token: user + system time of each process over the level, over the tokens streamed (the client is "
     "this bench's own process, on the same cores).")
 

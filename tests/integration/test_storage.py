@@ -176,3 +176,19 @@ def test_a_verify_worker_drafting_for_its_own_sessions_records_them_as_their_dri
         assert (row.status, row.finish_reason, row.completion_tokens, row.num_drafts, row.num_accepted_tokens,
                 row.plain_reason, row.recorded_by) == ("finished", "length", 19, 4, 12, "cost", "driver")
         assert row.started_at is not None and row.first_token_at is not None and row.finished_at is not None
+
+
+def test_a_sqlite_file_is_written_ahead_and_read_by_a_second_engine_as_the_first_writes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db' / 'mirror.db'}"
+    writer, reader = init_db(url), create_db_engine(url)
+    with writer.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+    with writer.begin() as connection:
+        connection.execute(text("CREATE TABLE probe (x INTEGER)"))
+    with writer.begin() as connection:  # a write in flight does not block a reader (another process's engine)
+        connection.execute(text("INSERT INTO probe VALUES (1)"))
+        with reader.connect() as other:
+            assert other.execute(text("SELECT count(*) FROM probe")).scalar() == 0
+    with reader.connect() as other:
+        assert other.execute(text("SELECT count(*) FROM probe")).scalar() == 1
