@@ -1,6 +1,6 @@
 """The verify loop: take draft blocks (own queue first, then the pool's), run batched target steps, commit.
-(Over 300 lines: intake, local drafting and the step share the session table and one turn's invariants;
-what goes to the streams is in commits.py.)
+(Over 300 lines: local drafting and the step share the session table and one turn's invariants; what goes to the
+streams is in commits.py, the placement of blocks in intake.py, the decisions in decisions.py.)
 
 Each turn of the loop:
 1. intake: pop what is queued (blocking only when there is nothing to do);
@@ -12,7 +12,8 @@ Each turn of the loop:
 3. step: the planner picks rows under `max_batch_size` and the token budget,
    one forward runs them all, the round math is applied per session;
 4. commit: every session's output event (and verdict, when its block is
-   done) in one pipelined round trip, each through the atomic commit script;
+   done) in one batch, each through the atomic commit script, written now
+   and its replies read after the next forward (commits.py settle);
    blocks queued during the step are popped before the verdicts are made
    (the openings among them are load the verdicts tell: told_load.py) and
    taken after they went out.
@@ -23,11 +24,9 @@ A block for rounds that are already committed (a draft task redelivered,
 a resend after a failover) is answered with a resync verdict from the
 stream, so its sender moves on instead of waiting.
 
-A chained block (sent ahead of its parent's verdict, services/speculative/
-chaining.py) waits parked behind its parent; right after the parent's
-verdict the worker goes on with it when the parent was accepted whole with
-the bonus the block assumed, or drops it (the sender does the same on that
-verdict).
+What a queued block is to the sessions held here, and the sessions built or answered for it, is the intake's
+(verify_worker/intake.py); the loop's decisions (rows ready, how long to block, token budget, threads) are
+functions of the sessions held (verify_worker/decisions.py).
 """
 
 from __future__ import annotations
@@ -50,25 +49,24 @@ from services.engine.wide_steps import WIDE_MIN_TOKENS
 from services.link.meter import smoothed
 from services.models.engine import TargetEngine
 from services.probes import apply_override, read_device
-from services.protocol import BlockTaken, DraftBlock, OutputEvent, ProtocolError, SessionSpec
-from services.redis_client import REQUEST_TTL_S, write_heartbeat
-from services.speculative.bridging import bridges
-from services.speculative.chaining import chain_holds, followed
+from services.protocol import DraftBlock, ProtocolError
+from services.redis_client import write_heartbeat
 from verify_worker.commits import StreamCommits
 from verify_worker.draft_word import DraftWord
+from verify_worker import decisions
 from verify_worker.figures import WorkerFigures
+from verify_worker.intake import Intake
 from verify_worker.load_word import LoadWord, remote_arm
 from verify_worker.local_drafts import LocalDrafting
 from verify_worker.records import Recorder
 from verify_worker.scheduler import Candidate, plan_step
 from verify_worker.session_table import SessionTable
-from verify_worker.sessions import VerifySession, build_session, resume_block
+from verify_worker.sessions import VerifySession
 from verify_worker.told_load import new_sessions, openings_waiting, told_rows
 from verify_worker.verdicts import CommitItem, block_verdict, round_item
 
 logger = logging.getLogger(__name__)
 
-EXPECT_NEXT_BLOCK_S = 2.0  # a session that got a verdict this recently is expected to send its next block
 CANCEL_CHECK_S = 0.5  # how often sessions running target-only rounds on their own look for a cancellation
 IDLE_SESSION_S = 600.0  # a session with no block for this long is dropped (its draft side is gone)
 COMMITTED_EXPIRE_S = 5.0  # how often the record of committed events forgets requests no longer held
@@ -115,7 +113,7 @@ class VerifyWorker:
         # engine/wide_steps.py); beside such a session a small wide step lost more than it gained
         self.plain_wide_min_tokens = plain_wide_min_tokens
         # speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round
-        self.draft_after_opening = draft_after_opening and local is None
+        draft_after_opening = draft_after_opening and local is None
         self.draft_word = DraftWord()  # the remote draft's last word on the load (verify_worker/draft_word.py)
         # its word to remote drafts on its load (verify_worker/load_word.py); None: settings.worker.load_word off
         self.load_word = LoadWord() if load_word and local is None else None
@@ -130,7 +128,12 @@ class VerifyWorker:
         self._expired_at = 0.0
         self.queues = [protocol.verify_worker_queue(worker_id), protocol.verify_pool_queue(pool)]
         self.figures = WorkerFigures()
-        self.num_blocks = 0
+        self.intake = Intake(  # verify_worker/intake.py
+            client=client, engine=engine, sessions=self.sessions, commits=self.commits, figures=self.figures,
+            draft_word=self.draft_word, worker_id=worker_id, instance=self.instance, bridge=self.scheduler.bridge,
+            local=local, recorder=recorder, draft_after_opening=draft_after_opening,
+            held_speculative=lambda: self._speculative_sessions() if self.wide_threads is not None else 0,
+            word=lambda: self._word(self._load()), said=self._said, settle=self._settle)
         self.num_bad_messages = 0
         self._cancel_checked = 0.0  # the first session that needs it is checked at once
         # Written by the loop after each step, read by the heartbeat thread: a long step must not delay
@@ -162,8 +165,9 @@ class VerifyWorker:
         turn_started = time.perf_counter()
         if not self._ready():  # no forward to overlap the last step's commits: their replies now
             self._settle()
-        raws = self._pop(0.0 if self._carried or self._ready() or self._local_due()
-                         else min(poll_s, self._bridge_wait()))
+        raws = self._pop(decisions.pop_timeout(carried=bool(self._carried), ready_now=bool(self._ready()),
+                                               local_now=bool(self._local_due()), poll_s=poll_s,
+                                               bridge_s=self._bridge_wait()))
         carried, self._carried = self._carried, []
         self._admit_blocks(carried + self._decode(raws))
         started = time.perf_counter()
@@ -186,6 +190,23 @@ class VerifyWorker:
         stages.since("turn", turn_started)
         return rows
 
+    @property
+    def num_blocks(self) -> int:
+        return self.intake.num_blocks
+
+    @property
+    def draft_after_opening(self) -> bool:
+        """speculative.draft_prefill "after_opening": remote drafts prefill a session after its opening round (the
+        intake marks the sessions it builds)."""
+        return self.intake.draft_after_opening
+
+    @draft_after_opening.setter
+    def draft_after_opening(self, value: bool) -> None:
+        self.intake.draft_after_opening = value
+
+    def _said(self, word: str) -> None:
+        self.last_word = word
+
     def _settle(self) -> None:
         """The replies of the last step's commits (verify_worker/commits.py settle)."""
         started = time.perf_counter()
@@ -193,25 +214,16 @@ class VerifyWorker:
         self.figures.stages.since("settle", started)
 
     def _ready(self) -> list[VerifySession]:
-        """Sessions with a row for the next step: a block in hand, or a bridge whose round is due; when any
-        has a block, every bridge rides along (the step runs anyway)."""
-        holding = [session for session in self.sessions if session.block is not None and session.has_work]
-        bridging = [session for session in self.sessions if session.bridging]
-        if holding or not bridging:
-            return holding + bridging
-        return [session for session in bridging if session.bridge_wait(self._step_s or 0.0) == 0.0]
+        return decisions.ready(self.sessions, self._step_s)
 
     def _bridge_wait(self) -> float:
-        """Seconds until the first held bridge is due (inf: none)."""
-        return min((session.bridge_wait(self._step_s or 0.0) for session in self.sessions if session.bridging),
-                   default=float("inf"))
+        return decisions.bridge_wait(self.sessions, self._step_s)
 
     def _local(self) -> list[VerifySession]:
         return [session for session in self.sessions if session.local is not None]
 
     def _local_due(self) -> list[VerifySession]:
-        """Local sessions between rounds: their next block is drafted here, now."""
-        return [session for session in self._local() if not session.has_work and not session.target.finished]
+        return decisions.local_due(self.sessions)
 
     def _draft_local(self) -> None:
         due = self._local_due()
@@ -225,10 +237,7 @@ class VerifyWorker:
                               f"drafting failed: {type(exc).__name__}: {exc}")
 
     def _expected(self) -> int:
-        """Sessions whose next block is on its way: answered recently, not finished, no block in hand."""
-        now = time.monotonic()
-        return sum(1 for session in self.sessions if not session.has_work and not session.target.finished
-                   and now - session.last_verdict_at < EXPECT_NEXT_BLOCK_S)
+        return decisions.expected(self.sessions, time.monotonic())
 
     def _wait_for_expected_blocks(self) -> None:
         window_s = self.scheduler.timeout_ms / 1000
@@ -278,185 +287,9 @@ class VerifyWorker:
 
     def _admit_blocks(self, arrived: list[tuple[DraftBlock, bool]]) -> None:
         started = time.perf_counter()
-        self._place_blocks(arrived)
+        self.intake.place_blocks(arrived)
         self.figures.stages.since("intake", started)
 
-    def _place_blocks(self, arrived: list[tuple[DraftBlock, bool]]) -> None:
-        blocks, taken = [], []
-        for block, pooled in arrived:
-            if block.draft_here and block.request_id in self.sessions:
-                continue  # a second start of a session held here (a gateway revived one that was only slow)
-            blocks.append(block)
-            if pooled and not block.release and block.reply_to:
-                taken.append(block)
-        if taken:  # tell each sender whose heartbeat to watch until the verdict comes
-            with self.client.pipeline(transaction=False) as pipe:
-                for block in taken:
-                    pipe.rpush(block.reply_to, BlockTaken(block.request_id, block.round, self.worker_id).encode())
-                pipe.execute()
-        rebuild, chained = [], []
-        held = self._speculative_sessions() if self.wide_threads is not None else 0
-        for block in blocks:
-            self.num_blocks += 1
-            known = self.sessions.get(block.request_id)
-            # the plain route's rounds are no word on the load, nor target-only rounds this worker's word asked for
-            if known is not None and known.spec.route == "sd" and not known.told_plain:
-                self.draft_word.heard(block, held)
-            if block.release:
-                self.sessions.pop(block.request_id, retire=True)
-                continue
-            if block.parent_id:  # placed once the blocks before it are (its parent may start the session)
-                chained.append(block)
-                continue
-            session = self.sessions.get(block.request_id)
-            if session is None:
-                rebuild.append(block)
-            elif session.block is not None and not session.target.finished and session.block.round == block.round:
-                logger.debug("request %s round %d: a duplicate of the block in hand", block.request_id, block.round,
-                             extra={"request_id": block.request_id})
-            elif session.bridging and (num_bridged := session.bridged_since(block)) is not None:
-                session.note_arrival()
-                self._take_bridged(session, block, num_bridged)
-            elif not session.has_work and session.round == block.round \
-                    and session.target.num_committed == block.num_committed:
-                session.note_arrival()
-                self._take(session, block)
-            else:  # stale (answered from the stream), or ahead of what this worker holds (rebuilt)
-                rebuild.append(block)
-        if rebuild:
-            self._rebuild(rebuild)
-        for block in chained:
-            self._place_chained(block)
-
-    def _take(self, session: VerifySession, block: DraftBlock) -> None:
-        try:
-            session.take(block)
-        except (ProtocolError, AssertionError) as exc:  # its draft probs do not match its tokens
-            self.commits.fail([(block.request_id, block)], f"bad block: {exc}")
-            return
-        self.sessions.touch(session)
-
-    def _take_bridged(self, session: VerifySession, block: DraftBlock, num_bridged: int) -> None:
-        """A block drafted `num_bridged` bridged rounds ago (services/speculative/bridging.py): the rest of it
-        is verified from here, or, when nothing is left of it, it is answered at once and the bridge goes on."""
-        if num_bridged == 0:
-            self._take(session, block)
-            return
-        try:
-            going = session.take_bridged(block, num_bridged)
-        except (ProtocolError, AssertionError) as exc:
-            self.commits.fail([(block.request_id, block)], f"bad block: {exc}")
-            return
-        self.sessions.touch(session)
-        self.figures.record_bridged(num_bridged, answered=not going)
-        if not going:
-            verdict = block_verdict(session, self.worker_id, self._word(self._load()))
-            self.last_word = verdict.load_arm
-            self.commits.publish([CommitItem.verdict_only(block, verdict)])
-            session.answered(verdict, behind_bridge=True)
-
-    def _take_next(self, session: VerifySession, block: DraftBlock) -> None:
-        """A block that goes on from the session's last verdict (a chained block renumbered by followed())."""
-        num_bridged = session.bridged_since(block) if session.bridging else 0
-        if num_bridged is None:
-            self._rebuild([block])
-        else:
-            self._take_bridged(session, block, num_bridged)
-
-    def _place_chained(self, block: DraftBlock) -> None:
-        """A block sent ahead of its parent's verdict (services/speculative/chaining.py): parked while its
-        parent is in hand, taken when its parent is done here and the assumption held, dropped when it did not
-        (its sender drops it too, on the same verdict). A parent this worker never had (a failover, an
-        eviction): checked against the stream like any block."""
-        session = self.sessions.get(block.request_id)
-        if session is not None and session.expects(block):
-            session.parked.append(block)
-        elif session is not None and session.last_block is not None \
-                and session.last_block.block_id == block.parent_id:
-            if session.block is None and not session.target.finished \
-                    and chain_holds(session.last_verdict, session.last_block, block):
-                session.note_arrival()
-                self._take_next(session, followed(block, session.last_verdict))
-            else:
-                logger.debug("request %s round %d: chained block dropped (its parent's verdict broke the chain)",
-                             block.request_id, block.round, extra={"request_id": block.request_id})
-        else:
-            self._rebuild([block])
-
-    def _continue_chains(self, sessions: list[VerifySession]) -> None:
-        """Sessions whose block just got its verdict go on with their parked chained block, if it holds: no
-        trip to the draft worker and back between the two."""
-        for session in sessions:
-            if session.block is None and session.parked and session.request_id in self.sessions:
-                child = session.next_in_chain()
-                if child is not None:
-                    self._take_next(session, followed(child, session.last_verdict))
-
-    def _rebuild(self, blocks: list[DraftBlock]) -> None:
-        """Blocks whose session is not here in the right state: read spec and stream (one round trip) and
-        build the session, resume a half-done block, or answer with a resync verdict."""
-        self._settle()  # the streams as this worker's own commits left them
-        with self.client.pipeline(transaction=False) as pipe:
-            for block in blocks:
-                pipe.get(protocol.request_key(block.request_id))
-                pipe.xrange(protocol.output_stream(block.request_id))
-            replies = pipe.execute()
-        resyncs: list[CommitItem] = []
-        owned: list[str] = []
-        for index, block in enumerate(blocks):
-            raw_spec, entries = replies[2 * index], replies[2 * index + 1]
-            try:
-                if block.draft_here:
-                    self._start_local(block, raw_spec, entries, owned)
-                else:
-                    self._rebuild_one(block, raw_spec, entries, resyncs)
-            except Exception as exc:  # the process boundary for one request
-                logger.exception("request %s: could not rebuild its session", block.request_id,
-                                 extra={"request_id": block.request_id})
-                self.commits.fail([(block.request_id, None if block.draft_here else block)],
-                                  f"{type(exc).__name__}: {exc}")
-        if owned:  # the gateway's recovery watches this worker's heartbeat for them
-            with self.client.pipeline(transaction=False) as pipe:
-                for request_id in owned:
-                    pipe.set(protocol.owner_key(request_id), self.instance, ex=REQUEST_TTL_S)
-                pipe.execute()
-        if resyncs:
-            self.commits.publish(resyncs)
-
-    def _start_local(self, block: DraftBlock, raw_spec: bytes | None, entries: list, owned: list[str]) -> None:
-        """A session this worker drafts for itself: built from its committed output, with its draft half."""
-        if self.local is None:
-            raise ValueError(f"verify worker {self.worker_id} does not draft (its placement is remote): a start "
-                             "block reached a pool whose workers wait for draft workers")
-        if raw_spec is None:
-            logger.warning("request %s has no spec (expired?): start dropped", block.request_id,
-                           extra={"request_id": block.request_id})
-            return
-        events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-        if events and events[-1].finished:
-            return
-        session = build_session(self.engine, SessionSpec.decode(raw_spec), events, reuse=self.sessions.reuse_prefix)
-        self.local.attach(session, events, drafting=len(self._local()))
-        self.sessions.put(session)
-        owned.append(session.request_id)
-        if self.recorder is not None:
-            self.recorder.started(session.request_id)
-
-    def _rebuild_one(self, block: DraftBlock, raw_spec: bytes | None, entries: list, resyncs: list) -> None:
-        if raw_spec is None:
-            logger.warning("request %s has no spec (expired?): dropping its block", block.request_id,
-                           extra={"request_id": block.request_id})
-            self.sessions.pop(block.request_id)
-            return
-        events = [OutputEvent.decode(fields[b"m"]) for _, fields in entries]
-        spec = SessionSpec.decode(raw_spec)
-        outcome = resume_block(self.engine, spec, events, block, reuse=self.sessions.reuse_prefix)
-        if isinstance(outcome, VerifySession):
-            outcome.may_bridge = bridges(spec.sampling, spec.route, enabled=self.scheduler.bridge)
-            outcome.draft_after_opening = self.draft_after_opening
-            self.sessions.put(outcome)  # replaces (and frees) whatever this worker held for the request
-        elif outcome is not None:  # a stale block: answered, and a session held here is left as it is
-            resyncs.append(CommitItem.verdict_only(block, outcome))
 
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> int:
@@ -509,7 +342,7 @@ class VerifyWorker:
             stages.since("commit", committing)
             if outage is not None:
                 raise outage
-            self._continue_chains(sessions)
+            self.intake.continue_chains(sessions)
         except BaseException:
             self._carried = arriving  # taken at the next turn's intake (after an outage: once Redis is back)
             raise
@@ -549,25 +382,18 @@ class VerifyWorker:
         return told_rows(len(sessions), waiting, queued, self.scheduler.max_batch_size), load + queued
 
     def _step_tokens(self) -> int:
-        """The step's token budget: max_batch_tokens while a stream runs here (a longer step would hold up its
-        next token), the larger prefill_only_batch_tokens while every session held is still prefilling."""
-        if any(session.target.streaming and not session.target.finished for session in self.sessions):
-            return self.scheduler.max_batch_tokens
-        return max(self.scheduler.max_batch_tokens, self.scheduler.prefill_only_batch_tokens)
+        return decisions.step_tokens(self.sessions, self.scheduler)
 
     def _set_threads(self, num_tokens: int, busy: list[bool] | None = None) -> bool:
-        """The step's torch threads: wide_threads for a step of at least wide_min_tokens tokens (prefill chunks,
-        many rows; plain_wide_min_tokens while no session held may be drafting: the plain route, target-only rounds
-        after round 0) while no draft worker drafts for any session held here (the plain route, target-only rounds, a
-        draft fallen back, a wait on a draft whose last word at this load was target-only rounds: on one box the
-        draft worker's core is idle then), else `threads`, so that the two never contend for a core (torch's
-        threads wait on each other: one sharing its core with a busy process slows the whole step several-fold).
-        True: this step is wide. busy: _busy_drafts(), when the caller has it."""
+        """The step's torch threads (verify_worker/decisions.py ThreadChoice): wide while no draft worker drafts
+        for any session held here, else `threads`. True: this step is wide. busy: _busy_drafts(), when the
+        caller has it."""
         drafting = any(session.drafts_now and not session.opens_told_plain(self.last_word) for session in self.sessions)
-        fewest = self.wide_min_tokens if drafting else min(self.wide_min_tokens, self.plain_wide_min_tokens)
-        wide = self.wide_threads is not None and self.wide_threads != self.threads and \
-            num_tokens >= fewest and not any(self._busy_drafts() if busy is None else busy)
-        wanted = self.wide_threads if wide else self.threads
+        choice = decisions.ThreadChoice(self.threads, self.wide_threads, self.wide_min_tokens,
+                                        self.plain_wide_min_tokens)
+        wide = choice.wide_step(num_tokens, drafting=drafting,
+                                busy=any(self._busy_drafts() if busy is None else busy))
+        wanted = choice.threads_for(wide)
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
         return wide
@@ -587,13 +413,10 @@ class VerifyWorker:
         return sum(1 for session in self.sessions if not session.target.finished)
 
     def _busy_drafts(self) -> list[bool]:
-        """Per remote speculative session held, whether its draft worker drafts for it now or is about to: a
-        waiting session's draft is taken to send target-only rounds when its last word at this load said so
-        (verify_worker/draft_word.py)."""
+        """Per remote speculative session held, whether its draft worker drafts for it now or is about to."""
         remote = self._drafted_remotely()
-        waits_idle = self.draft_word.goes_plain(len(remote))
-        return [session.keeps_a_draft_busy and not (session.awaits_draft_call and waits_idle)
-                and not session.opens_told_plain(self.last_word) for session in remote]
+        return decisions.busy_drafts(remote, waits_idle=self.draft_word.goes_plain(len(remote)),
+                                     last_word=self.last_word)
 
     def _draft_busy(self) -> bool:
         """A draft worker drafts for a session held here, or is about to."""
