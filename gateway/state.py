@@ -19,6 +19,7 @@ from gateway.admission.shared import SharedAdmission
 from gateway.fleet.similarity import SimilarityIndex
 from gateway.fleet.similarity_log import SimilarityLog
 from gateway.sessions.single_flight import SingleFlight
+from gateway.streams.shared_reads import SharedReads
 from gateway.streams.tally import StreamTally
 from services.config import Settings
 
@@ -61,9 +62,12 @@ class GatewayState:
     similarity_log: SimilarityLog | None = None  # several gateways: the index shared through Redis
     flights: SingleFlight = None  # identical requests sharing one generation; built on `redis` when not given
     tally: StreamTally = field(default_factory=StreamTally)  # each output stream's work counted once here
+    reads: SharedReads = None  # the output streams this gateway's answers read, one XREAD for all
     gateway_id: str = field(default_factory=new_gateway_id)  # this process, among several gateways
 
     def __post_init__(self) -> None:
+        if self.reads is None:
+            self.reads = SharedReads(self.redis, self.gateway_id)
         if self.flights is None:
             self.flights = SingleFlight(self.redis)
         if self.admission is None:

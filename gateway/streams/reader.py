@@ -53,6 +53,7 @@ class AnswerCancelled(Exception):
 STALL_CHECK_S = 2.0  # no event for this long: ask whether the session can still finish (on_stall)
 REDIS_OUTAGE_S = 30.0  # Redis unreachable for longer: the request ends with an error
 RECONNECT_BACKOFF_S = (0.1, 2.0)
+READ_WAIT_S = 1.0  # a read returns empty after this long: the stall, cancel and deadline checks run
 CANCEL_CHECK_S = 0.25  # how often a reader looks for its own answer's cancellation (the draft driver's is 0.2 s)
 
 
@@ -61,7 +62,8 @@ StallCheck = Callable[[float], Awaitable[object]]  # seconds without progress ->
 
 async def read_output(state: GatewayState, request_id: str, timeout_s: float, *, on_stall: StallCheck | None = None,
                       share: StreamShare | None = None, cancel_key: str | None = None) -> AsyncIterator[OutputEvent]:
-    """Yield the request's events in order until the finished one (XREAD blocks on Redis).
+    """Yield the request's events in order until the finished one (one XREAD for every stream this gateway reads:
+    gateway/streams/shared_reads.py).
 
     Rides out a Redis outage or failover (reconnecting with backoff, then reading the stream again from its
     start: an OutputCursor yields each token once, however often its round was committed), then asks `on_stall`
@@ -69,8 +71,13 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, *,
     `on_stall`'s RequestLost through). `on_stall` is also asked when no event has come for STALL_CHECK_S.
     With `share`, tokens/s counts only the events no other reader here counted; with `cancel_key`, raises
     AnswerCancelled once that key is set."""
-    stream = output_stream(request_id)
-    last_id = "0-0"
+    with state.reads.subscribe(output_stream(request_id)) as subscription:
+        async for event in _read(state, request_id, subscription, timeout_s, on_stall, share, cancel_key):
+            yield event
+
+
+async def _read(state: GatewayState, request_id: str, subscription, timeout_s: float, on_stall: StallCheck | None,
+                share: StreamShare | None, cancel_key: str | None) -> AsyncIterator[OutputEvent]:
     cursor = OutputCursor()
     deadline = time.monotonic() + timeout_s
     last_progress = checked_at = cancel_checked_at = time.monotonic()
@@ -78,7 +85,9 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, *,
     backoff = RECONNECT_BACKOFF_S[0]
     while True:
         try:
-            response = await state.redis.xread({stream: last_id}, block=1000, count=256)
+            entries = await subscription.next(READ_WAIT_S)  # gateway/streams/shared_reads.py
+            if outage_since is not None and not state.reads.healthy:  # still away: nothing read, no error yet
+                continue
             if outage_since is not None:  # Redis is back: did it keep this request?
                 logger.info("request %s: Redis is back after %.1fs", request_id, time.monotonic() - outage_since)
                 outage_since, backoff = None, RECONNECT_BACKOFF_S[0]
@@ -86,10 +95,10 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, *,
                     await on_stall(0.0)
                 # A failover's new primary may lack the last events read, and hold them again later under
                 # other ids (committed again): read the stream from its start, the cursor skipping repeats.
-                last_id = "0-0"
+                subscription.rewind()
                 continue
             now = time.monotonic()
-            if on_stall is not None and not response and now - last_progress >= STALL_CHECK_S and \
+            if on_stall is not None and not entries and now - last_progress >= STALL_CHECK_S and \
                     now - checked_at >= STALL_CHECK_S:
                 checked_at = now
                 await on_stall(now - last_progress)
@@ -106,21 +115,19 @@ async def read_output(state: GatewayState, request_id: str, timeout_s: float, *,
             await asyncio.sleep(backoff)
             backoff = min(RECONNECT_BACKOFF_S[1], backoff * 2)
             continue
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                event = cursor.admit(OutputEvent.decode(fields[b"m"]))
-                if event is None:
-                    continue
-                last_progress = time.monotonic()
-                if state.similarity is not None and event.worker_id and \
-                        state.similarity.note_worker(request_id, event.worker_id) and state.similarity_log is not None:
-                    await state.similarity_log.noted(request_id, event.worker_id)
-                # tokens/s as they arrive, not when a long request ends; once however many read them
-                if state.metrics is not None and (share is None or share.first_sight(event.seq)):
-                    state.metrics.live.add_tokens(len(event.token_ids))
-                yield event
-                if event.finished:
-                    return
+        for _, fields in entries:
+            event = cursor.admit(OutputEvent.decode(fields[b"m"]))
+            if event is None:
+                continue
+            last_progress = time.monotonic()
+            if state.similarity is not None and event.worker_id and \
+                    state.similarity.note_worker(request_id, event.worker_id) and state.similarity_log is not None:
+                await state.similarity_log.noted(request_id, event.worker_id)
+            # tokens/s as they arrive, not when a long request ends; once however many read them
+            if state.metrics is not None and (share is None or share.first_sight(event.seq)):
+                state.metrics.live.add_tokens(len(event.token_ids))
+            yield event
+            if event.finished:
+                return
         if time.monotonic() > deadline:
             raise RequestTimeout(f"request {request_id} produced no final output within {timeout_s:.0f}s")
