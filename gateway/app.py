@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 task.cancel()
             if state.shared:
                 await state.admission.leave()
+            state.reads.close()
             await state.redis.aclose()
             engine.dispose()
 

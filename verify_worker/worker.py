@@ -157,6 +157,10 @@ class VerifyWorker:
             except Exception:  # the process boundary: one bad turn must not end the worker
                 logger.exception("verify worker %s: unexpected error in a turn", self.worker_id)
                 stop.wait(0.1)
+        try:  # the last step's commit replies: its finished requests recorded and remembered before the exit
+            self._settle()
+        except redis.RedisError as exc:
+            logger.warning("verify worker %s: the last commits' replies were not read (%s)", self.worker_id, exc)
 
     def turn(self, poll_s: float = 0.5) -> int:
         """One intake, local drafting, batch window and step; returns the rows stepped (0: idle). Its stages are

@@ -95,6 +95,12 @@ class SharedReads:
             self.wake()
         return subscription
 
+    def close(self) -> None:
+        """Stop reading (the gateway is shutting down)."""
+        self._subscriptions.clear()
+        if self._task is not None:
+            self._task.cancel()
+
     def unsubscribe(self, subscription: Subscription) -> None:
         self._subscriptions.discard(subscription)
 
