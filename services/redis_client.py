@@ -1,11 +1,14 @@
-"""Redis connections and the atomic 'commit a round' script shared by the workers."""
+"""Redis connections, the atomic 'commit a round' script shared by the workers, and commands whose replies are
+read later (SentCommands)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+from redis.exceptions import ResponseError
 
 from services import protocol
 from services.protocol import (
@@ -120,7 +123,7 @@ class RoundCommitter:
 
     def command(self, *, stream_key: str, verdict_key: str, expected_seq: int, event: bytes,
                 verdict: bytes) -> tuple:
-        """The commit as one EVALSHA command (services/redis_sent.py writes a batch of them); its reply is
+        """The commit as one EVALSHA command (SentCommands writes a batch of them); its reply is
         commit()'s, or a NoScriptError after Redis lost its scripts (a restart): load() it, then commit again."""
         return ("EVALSHA", self._script.sha, 2, stream_key, verdict_key, expected_seq, event, verdict, REQUEST_TTL_S)
 
@@ -190,3 +193,58 @@ async def read_heartbeats_async(client) -> list[Heartbeat]:
     """read_heartbeats for an asyncio client (the gateway's)."""
     keys = [key async for key in client.scan_iter(match=HEARTBEAT_PATTERN, count=200)]
     return decode_heartbeats(await client.mget(keys) if keys else [])
+
+
+# Commands written to Redis now, their replies read later: a round trip that overlaps other work.
+#
+# A pipeline's execute() writes its commands and then waits for every reply. A verify worker's commits need not be
+# waited for before its next forward: Redis applies them as soon as it reads them (the gateway sees the tokens then),
+# and only the worker's bookkeeping of the replies (a lost commit, a finished request) waits for them. `SentCommands`
+# holds one connection from the client's pool between the write and the read. Redis runs one connection's commands in
+# the order they came, but nothing orders two connections: a caller reads a batch's replies before it sends, on
+# another connection, anything that depends on the batch's effects (verify_worker/commits.py settles first).
+
+
+class SentCommands:
+    """One batch of commands written on a connection of `client`'s pool; `replies()` reads their replies (an
+    error reply comes back as its exception, in its place) and gives the connection back. A connection error while
+    writing or reading drops the connection and is raised."""
+
+    def __init__(self, client: redis.Redis, commands: Sequence[Sequence[object]]) -> None:
+        self._pool = client.connection_pool
+        self._count = len(commands)
+        self._connection = self._pool.get_connection()
+        try:
+            self._connection.send_packed_command(self._connection.pack_commands(commands))
+        except BaseException:
+            self._drop()
+            raise
+
+    def replies(self) -> list[object]:
+        if self._connection is None:
+            raise RuntimeError("the replies of these commands were read already")
+        replies: list[object] = []
+        try:
+            for _ in range(self._count):
+                try:
+                    replies.append(self._connection.read_response())
+                except ResponseError as exc:  # this command's error; the ones after it still answer
+                    replies.append(exc)
+        except BaseException:
+            self._drop()
+            raise
+        self._pool.release(self._connection)
+        self._connection = None
+        return replies
+
+    def abandon(self) -> None:
+        """Forget the replies (the connection is closed: its unread replies must not reach another caller)."""
+        if self._connection is not None:
+            self._drop()
+
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        try:
+            connection.disconnect()
+        finally:
+            self._pool.release(connection)

@@ -17,8 +17,7 @@ from redis.exceptions import NoScriptError
 from services import protocol
 from services.history_feed import HISTORY_PROMPT_TAIL, append_finished
 from services.protocol import DraftBlock, FinishedOutput, OutputEvent
-from services.redis_client import RoundCommitter
-from services.redis_sent import SentCommands
+from services.redis_client import RoundCommitter, SentCommands
 from verify_worker.committed import CommittedEvents
 from verify_worker.records import Recorder
 from verify_worker.session_table import SessionTable
