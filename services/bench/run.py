@@ -17,9 +17,10 @@ from services.bench.report import build_report, to_json, to_markdown
 from services.bench.runner import Encode, PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l
 from services.config import Settings
 from services.engine import GenerationOptions, GenerationResult, generate
-from services.engine.profile import measure_cost_model, measure_verify_profile
+from services.engine.profile import cached_verify_profile, measure_cost_model
 from services.models.drafters import load_draft_source
 from services.models.synthetic_spec import ReferenceBook
+from services.models.engine import TorchEngine
 from services.models.loading import LoadedModel
 from services.models.tokenization import encode_messages
 from services.speculative.cost_model import CostModel
@@ -208,7 +209,7 @@ def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_
     if not any(runs_by_mode.values()):
         raise ValueError(f"the journal in {out_dir} holds no prompt in every mode of {', '.join(config.modes)}")
     return _report(config, target, runs_by_mode, transport, out_dir, journal.path,
-                   {mode: label for mode, label in labels.items() if label})
+                   {mode: label for mode, label in labels.items() if label}, cache_dir=settings.cache_dir)
 
 
 def _reference_publisher(config: BenchConfig, settings: Settings,
@@ -226,8 +227,11 @@ def _reference_publisher(config: BenchConfig, settings: Settings,
 
 
 def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, list[PromptRun]], transport: dict,
-            out_dir: Path, journal_path: Path, labels: dict[str, dict] | None = None) -> BenchOutcome:
-    """labels: the synthetic label of each mode that has one (services/synthetic.py), in every report."""
+            out_dir: Path, journal_path: Path, labels: dict[str, dict] | None = None, *,
+            cache_dir: Path | None = None) -> BenchOutcome:
+    """labels: the synthetic label of each mode that has one (services/synthetic.py), in every report.
+    cache_dir: where the target's cost curve is kept (the one-row verify profile the in-process modes' cost
+    models read, services/engine/profile.py); None: measured here every time."""
     """Greedy checks and ROUGE-L against ar, then results.json, results.md and the plots."""
     mismatches: dict[str, list[str]] = {}
     if "ar" in runs_by_mode:
@@ -238,7 +242,9 @@ def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, li
             if config.sampling.greedy:
                 mismatches[mode] = check_against_ar(runs, runs_by_mode["ar"])
     overrides = {"stack": transport["draft_ms_per_token"]} if transport.get("draft_ms_per_token") is not None else {}
-    verify_curve = CostModel.from_profile(measure_verify_profile(target))  # the target's cost curve, here
+    # the target's cost curve, here: measured once per model, threads and torch (and kept), not once per report
+    # (a bench over link levels and turns writes one for each)
+    verify_curve = CostModel.from_profile(cached_verify_profile(TorchEngine(target), cache_dir, max_rows=1))
     labels = labels or {}
     rows = build_report(runs_by_mode, overrides, verify_curve, synthetic_modes=set(labels))
     num_prompts = len({run.prompt.id for runs in runs_by_mode.values() for run in runs})

@@ -141,7 +141,11 @@ def step_table(profile: dict[str, float], rows: list[int], sizes: list[int]) -> 
 
 
 def _model_facts(model: LoadedModel) -> dict:
-    architecture = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    # the architecture, not the folder it was loaded from (_name_or_path): the same model read from another cache
+    # dir (MIRROR_SD_CACHE_DIR, a moved one) reads the profiles measured for it instead of measuring them again
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    config.pop("_name_or_path", None)
+    architecture = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     return {"model": model.name, "architecture": architecture, "precision": model.precision,
             "layout": model.layout, "device": str(model.device)}
 

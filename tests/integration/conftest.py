@@ -37,3 +37,39 @@ def front_door_stack(tmp_path_factory):
                          "MIRROR_SD_MAX_NEW_TOKENS_LIMIT": "4"}).start()
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_up_profile(builtin_target):
+    """warm_up(threads): the device profile `mirror-sd up`'s one verify worker reads at start with `threads`
+    torch threads, measured now (a no-op when it is kept already) and kept in the user cache the worker reads
+    (tests that give `up` a cache of their own link its profiles there: private_cache). Measured by the worker
+    itself, it competes with its starting siblings for the cores, and a profile measured on shared cores is not
+    kept (services/engine/profile.py): every such start measures it again, a minute on 2 cores. Here it runs
+    alone, in this process, with the model the worker loads. What the tests assert about serving is unchanged."""
+    import torch
+
+    from services.config import Settings
+    from services.engine.profile import cached_verify_profile
+    from services.models.engine import TorchEngine
+
+    def warm_up(threads: int) -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # the worker's (`verify-worker --threads N`): part of the profile's key
+        try:
+            cached_verify_profile(TorchEngine(builtin_target), default_cache_dir(),
+                                  max_rows=Settings().scheduler.max_batch_size)
+        finally:
+            torch.set_num_threads(before)
+
+    return warm_up
+
+
+def up_verify_threads(*, model_draft: bool, local: bool) -> int:
+    """The torch threads `mirror-sd up` gives its one verify worker on this box (services/stack.py)."""
+    import os
+
+    from services.stack import verify_worker_threads
+
+    return verify_worker_threads(len(os.sched_getaffinity(0)), model_draft=model_draft, local=local, pin=False,
+                                 pools=False, device="cpu")[0]

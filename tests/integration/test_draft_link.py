@@ -23,6 +23,7 @@ from services.link.spec import LinkSpec
 from services.protocol import DRAFT_LINK, ROUND_TRIP_SAMPLES_KEY, TRANSPORT_SAMPLES_KEY, Heartbeat
 from services.redis_client import read_heartbeats
 from services.stack import free_port
+from tests.integration.conftest import up_verify_threads
 from tests.integration.stack import assert_up_stops_cleanly
 
 
@@ -134,11 +135,13 @@ def test_the_bench_takes_link_levels_in_turn_and_puts_the_link_back(clean_redis,
         log.close()
 
 
-def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, redis_url, tmp_path):
+def test_up_puts_the_draft_worker_behind_the_link_and_it_measures_the_link(clean_redis, redis_url, tmp_path,
+                                                                            warm_up_profile):
     port = free_port()
     env = {**os.environ, "MIRROR_SD_REDIS_URL": redis_url,
            "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'db'}",
            "MIRROR_SD_TELEMETRY__METRICS_PORT": str(free_port())}
+    warm_up_profile(up_verify_threads(model_draft=False, local=False))  # prompt lookup drafts: no core set apart
     log_path = tmp_path / "up.log"
     log = open(log_path, "w")
     up = subprocess.Popen(_cli("up", "--port", str(port), "--draft", "ngram", "--draft-link", "20"), env=env,

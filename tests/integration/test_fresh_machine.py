@@ -21,7 +21,7 @@ import redis
 
 from services.stack import choose_placement, free_port
 from tests.conftest import REPO_ROOT
-from tests.integration.conftest import FAULTY_LLAMA_CPP, private_cache
+from tests.integration.conftest import FAULTY_LLAMA_CPP, private_cache, up_verify_threads
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,8 @@ def chat(port: int, **extra) -> dict:
     return response.json()
 
 
-def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path, redis_url):
+def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path, redis_url,
+                                                                                           warm_up_profile):
     client = redis.Redis.from_url(redis_url)
     port = free_port()
     drafter = "verify" if choose_placement("auto", "cpu") == "local" else "draft"  # the worker that drafts
@@ -80,6 +81,7 @@ def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_
            "MIRROR_SD_REDIS_URL": redis_url,
            "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'up.db'}",
            "MIRROR_SD_CACHE_DIR": str(private_cache(tmp_path))}  # this test's engine verdicts stay its own
+    warm_up_profile(up_verify_threads(model_draft=True, local=drafter == "verify"))
     log_path = tmp_path / "up.log"
     with open(log_path, "w") as log:
         up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port)], env=env,

@@ -13,19 +13,21 @@ import httpx
 import psutil
 import pytest
 
-from services.stack import free_port
+from services.stack import choose_placement, free_port
+from tests.integration.conftest import up_verify_threads
 from tests.integration.stack import assert_up_stops_cleanly
 
 pytestmark = pytest.mark.slow
 
 
-def test_up_serves_the_readme_request_and_stops_cleanly(tmp_path):
+def test_up_serves_the_readme_request_and_stops_cleanly(tmp_path, warm_up_profile):
     port = free_port()
     env = {
         **os.environ,
         "MIRROR_SD_REDIS_URL": "redis://127.0.0.1:1/0",  # nothing there: a private Redis must start
         "MIRROR_SD_DATABASE_URL": f"sqlite:///{tmp_path / 'up.db'}",
     }
+    warm_up_profile(up_verify_threads(model_draft=True, local=choose_placement("auto", "cpu") == "local"))
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port)], env=env,
                           stdout=log, stderr=subprocess.STDOUT)
