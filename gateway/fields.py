@@ -1,5 +1,5 @@
 """What the gateway does with each request field it knows but does not serve: it accepts such a field only at the
-value that asks for nothing (its default: `n: 1`, `logprobs: false`, `tools: []`), and refuses any other value
+value that asks for nothing (its default: `logprobs: false`, `tools: []`), and refuses any other value
 with a 400 that names the field and says why. Nothing is silently ignored.
 
 Pure decisions over a request's validated values; gateway/schemas.py calls `refuse_unsupported` after its own
@@ -53,7 +53,6 @@ NOT_YET = "not served yet"
 
 # Both endpoints.
 SAMPLING = {
-    "n": Refusal("1", "one choice per request", _one_of(None, 1)),
     "presence_penalty": Refusal("0", f"penalties are {NOT_YET}", _empty),
     "frequency_penalty": Refusal("0", f"penalties are {NOT_YET}", _empty),
     "logit_bias": Refusal("empty", f"logit_bias is {NOT_YET}", _empty),

@@ -15,6 +15,9 @@ from gateway.fields import Refusal, check_part, refuse_unsupported
 from services.speculative.params import SamplingParams
 
 
+MAX_CHOICES = 16  # `n`: each choice is a session and an admission slot
+
+
 class Strict(BaseModel):
     """A request part whose unknown fields are refused (code unknown_parameter), never dropped."""
 
@@ -44,7 +47,8 @@ class SamplingFields(Strict):
     stop: str | list[str] | None = Field(None, validate_default=True)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = 1
+    n: int | None = Field(1, ge=1, le=MAX_CHOICES, description=f"choices, 1..{MAX_CHOICES}: a session each "
+                          "(gateway/api/choices.py)")
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None

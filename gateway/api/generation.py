@@ -6,6 +6,7 @@ one's generation (gateway/sessions/single_flight.py), leaves that flight: the la
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from gateway.api import responses
+from gateway.api.choices import choice_params, merge_bodies, merge_streams
 from gateway.admission.slots import Ticket
 from gateway.admission.auth import Caller, authenticate
 from gateway.sessions.ending import close_follower_row, close_open_row, end_answer
@@ -49,15 +51,10 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
     when the answer ends, however it ends."""
     state = _state(request)
     ticket = early_ticket(request) or await admit(state, caller)
+    if (params.n or 1) > 1:
+        return await _generate_choices(request, state, params, caller, chat=chat, encode=encode, ticket=ticket)
     try:
-        submitted = await submit(
-            state, caller,
-            endpoint="chat.completions" if chat else "completions",
-            prefix="chatcmpl" if chat else "cmpl",
-            params=params,
-            prompt_ids=encode(),
-            default_max_tokens=None if chat else 16,
-        )
+        submitted = await _submit(state, caller, params, encode(), chat=chat)
     except BaseException:
         state.admission.release(ticket)
         raise
@@ -70,6 +67,50 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         return await _collect(request, state, submitted, params, chat)
     finally:
         state.admission.release(ticket)
+
+
+async def _submit(state: GatewayState, caller: Caller, params: SamplingFields, prompt_ids: list[int], *,
+                  chat: bool) -> Submitted:
+    return await submit(state, caller, endpoint="chat.completions" if chat else "completions",
+                        prefix="chatcmpl" if chat else "cmpl", params=params, prompt_ids=prompt_ids,
+                        default_max_tokens=None if chat else 16)
+
+
+async def _generate_choices(request: Request, state: GatewayState, params: SamplingFields, caller: Caller, *,
+                            chat: bool, encode: Callable[[], list[int]], ticket: Ticket) -> object:
+    """`n` choices (gateway/api/choices.py): a slot and a session each, answered as one body or one stream."""
+    tickets, sessions = [ticket], []
+    try:
+        for _ in range(params.n - 1):
+            tickets.append(await admit(state, caller))
+        prompt_ids = encode()
+        for index in range(params.n):
+            sessions.append(await _submit(state, caller, choice_params(params, index), prompt_ids, chat=chat))
+    except BaseException:
+        for taken in tickets:
+            state.admission.release(taken)
+        for submitted in sessions:
+            await end_answer(state, submitted.flight, submitted.request_id, finished=False)
+        raise
+    if params.stream:
+        include_usage = bool(params.stream_options and params.stream_options.include_usage)
+        streams = [_stream(request, state, submitted, params, chat, include_usage, taken)
+                   for submitted, taken in zip(sessions, tickets)]
+
+        async def after() -> None:
+            for submitted, taken in zip(sessions, tickets):
+                await _after_stream(state, taken, submitted)
+
+        return EventSourceResponse(merge_streams(streams), sep="\n", ping=15, background=BackgroundTask(after))
+    try:
+        answers = await asyncio.gather(*(_collect(request, state, submitted, params, chat) for submitted in sessions))
+    finally:
+        for taken in tickets:
+            state.admission.release(taken)
+    failed = next((answer for answer in answers if answer.status_code != 200), None)
+    if failed is not None:
+        return failed
+    return JSONResponse(merge_bodies([json.loads(answer.body) for answer in answers]))
 
 
 async def _after_stream(state: GatewayState, ticket: Ticket, submitted: Submitted) -> None:

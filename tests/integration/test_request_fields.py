@@ -58,7 +58,6 @@ def assert_refused(response, param: str, code: str = "unsupported_parameter") ->
 CHAT_REFUSED = [
     ("logprobs", {"logprobs": True, "top_logprobs": 2}),
     ("top_logprobs", {"top_logprobs": 2}),
-    ("n", {"n": 2}),
     ("presence_penalty", {"presence_penalty": 0.5}),
     ("frequency_penalty", {"frequency_penalty": -0.5}),
     ("logit_bias", {"logit_bias": {"42": -100}}),
@@ -95,7 +94,6 @@ def test_a_chat_field_not_served_is_refused_naming_it(http, param, fields):
 
 
 COMPLETION_REFUSED = [
-    ("n", {"n": 3}),
     ("best_of", {"best_of": 2}),
     ("echo", {"echo": True}),
     ("logprobs", {"logprobs": 0}),  # 0 still asks for the chosen tokens' log probabilities
@@ -189,3 +187,15 @@ def test_the_openai_client_sees_a_refusal_as_bad_request_with_the_param(http):
         client.chat.completions.create(model=MODEL, messages=HELLO, logprobs=False, n=1,
                                        response_format={"type": "text"}, user="user-1")
     assert unserved.value.status_code == 503
+
+
+@pytest.mark.parametrize("n", [0, 17, -1])
+def test_n_outside_one_to_sixteen_is_a_400_naming_it(http, n):
+    for response in (chat(http, n=n), complete(http, n=n)):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "n"
+
+
+def test_n_of_several_is_accepted(http):
+    assert_accepted(chat(http, n=3))
+    assert_accepted(complete(http, n=16, seed=2**63 - 1))  # the last choices' seeds wrap within 64 bits

@@ -99,6 +99,42 @@ def test_greedy_over_http_equals_target_only(stack, client, reference, dev_promp
     assert 0 < timing["speculation_hits"] <= timing["speculations"]
 
 
+def test_n_greedy_choices_are_the_target_only_answer_each_and_one_generation(stack, client, reference):
+    prompt = "Name three rivers of Europe."
+    response = client.post("/v1/chat/completions", json=chat_body(prompt, n=3))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = reference(prompt, chat=True)
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
+    assert all(choice["token_ids"] == expected for choice in body["choices"])
+    assert body["usage"]["completion_tokens"] == 3 * len(expected)
+    merged = [stats["merged_into"] for stats in body["mirror_sd"]["choices"]]
+    assert merged[0] is None and merged[1:] == [body["id"]] * 2  # the other two read the first's generation
+
+
+def test_n_sampled_streamed_choices_carry_their_index_and_usage_sums_them(stack, client, builtin_target):
+    body = chat_body("Write a haiku about rain.", n=2, stream=True, stream_options={"include_usage": True},
+                     temperature=1.0, seed=11)
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        events = read_sse(response)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    usage = [event for event in events[:-1] if not event["choices"]]
+    chunks = [event for event in events[:-1] if event["choices"]]
+    texts, finals = {0: "", 1: ""}, {}
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        texts[choice["index"]] += choice["delta"].get("content", "")
+        if choice["finish_reason"] is not None:
+            finals[choice["index"]] = choice["token_ids"]
+    assert sorted(finals) == [0, 1]
+    for index in (0, 1):  # each choice's deltas are its own tokens' text: no chunk went to the other choice
+        assert texts[index] == builtin_target.tokenizer.decode(finals[index], skip_special_tokens=True)
+    assert len(usage) == 1 and usage[0]["usage"]["completion_tokens"] == sum(map(len, finals.values()))
+    sessions = [stats["request_id"] for stats in usage[0]["mirror_sd"]["choices"]]
+    assert len(set(sessions)) == 2  # a session each: seeds 11 and 12
+
+
 def test_streaming_equals_target_only(stack, client, reference, builtin_target, dev_prompts):
     for record in pick(dev_prompts, 2):
         body = chat_body(record["prompt"], stream=True, stream_options={"include_usage": True})

@@ -15,19 +15,20 @@ from tests.conftest import REPO_ROOT
 
 
 def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with_why():
-    defaults = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "logprobs": False,
+    defaults = {"presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "logprobs": False,
                 "top_logprobs": None, "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
                 "store": False, "service_tier": "default", "modalities": ["text"], "verbosity": "medium"}
     assert fields.first_refused(defaults, fields.CHAT) is None
     assert fields.first_refused({}, fields.CHAT) is None  # absent is the default
-    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "n": 2}, fields.CHAT)
-    assert param == "n"  # the first in the table's order
-    assert detail == "must be 1 or absent: one choice per request (got 2)"
+    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "frequency_penalty": 2},
+                                         fields.CHAT)
+    assert param == "frequency_penalty"  # the first in the table's order
+    assert detail == "must be 0 or absent: penalties are not served yet (got 2)"
     assert fields.first_refused({"response_format": {"type": "json_schema"}}, fields.CHAT)[0] == "response_format"
 
 
 def test_a_default_matches_in_type_too_where_json_tells_them_apart():
-    assert fields.first_refused({"n": True}, fields.CHAT)[0] == "n"  # true is not 1
+    assert fields.first_refused({"logprobs": 1}, fields.CHAT)[0] == "logprobs"  # 1 is not false
     assert fields.first_refused({"store": 0}, fields.CHAT)[0] == "store"  # 0 is not false
     assert fields.first_refused({"logprobs": 0}, fields.COMPLETIONS)[0] == "logprobs"  # 0 asks for logprobs
     assert fields.first_refused({"logprobs": 0}, fields.CHAT) is None  # chat's logprobs is a flag: 0 is off
