@@ -102,11 +102,15 @@ async def _generate_choices(request: Request, state: GatewayState, params: Sampl
                 await _after_stream(state, taken, submitted)
 
         return EventSourceResponse(merge_streams(streams), sep="\n", ping=15, background=BackgroundTask(after))
-    try:
-        answers = await asyncio.gather(*(_collect(request, state, submitted, params, chat) for submitted in sessions))
+    try:  # every choice to its end (a slot is given back when its session is done), then the first error if any
+        answers = await asyncio.gather(*(_collect(request, state, submitted, params, chat) for submitted in sessions),
+                                       return_exceptions=True)
     finally:
         for taken in tickets:
             state.admission.release(taken)
+    raised = next((answer for answer in answers if isinstance(answer, BaseException)), None)
+    if raised is not None:
+        raise raised
     failed = next((answer for answer in answers if answer.status_code != 200), None)
     if failed is not None:
         return failed
