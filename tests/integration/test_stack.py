@@ -189,7 +189,7 @@ def test_eight_concurrent_requests_are_all_correct(stack, client, reference, dev
         ({"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400, "does not fit"),
         ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
         ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
-        ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n must be 1"),
+        ({"model": MODEL, "prompt": "hi", "n": 17}, 400, "n: Input should be less than or equal to 16 (got 17)"),
         ({"model": MODEL, "prompt": [999999]}, 400, "outside the vocabulary"),
     ],
 )
