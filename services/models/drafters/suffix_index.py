@@ -290,9 +290,11 @@ def vote(continuations: list[array], limit: int, min_prob: float) -> tuple[list[
     cumulative_probs: list[float] = []
     chance = 1.0
     alive = continuations
-    columns = list(zip(*alive))  # [limit][len(alive)]
+    # [limit][len(continuations)]: every column at once while all agree; once some drop out, a column is read
+    # from those left when it is reached (fewer each time, and the walk may stop before the rest is read)
+    columns: list[tuple[int, ...]] | None = list(zip(*alive))
     for offset in range(limit):
-        column = columns[offset]
+        column = columns[offset] if columns is not None else [following[offset] for following in alive]
         token = column[0]
         count = column.count(token)
         # more than half agreeing on the first one's token makes it the most frequent (as a rule they all agree)
@@ -310,5 +312,5 @@ def vote(continuations: list[array], limit: int, min_prob: float) -> tuple[list[
         cumulative_probs.append(chance)
         if count != len(alive):
             alive = [following for following, next_id in zip(alive, column) if next_id == token]
-            columns = list(zip(*alive))
+            columns = None
     return token_ids, cumulative_probs
