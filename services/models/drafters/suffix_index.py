@@ -11,6 +11,12 @@ and walks their continuations forward together: at each position the most freque
 still agreeing, its frequency the estimated chance it is right. The longest key that finds anything wins, so a
 long match is found even where a short key's chain is crowded with recent short ones.
 
+A lookup costs Python operations, not tokens, so it spends few per occurrence: an occurrence is compared as a
+slice of the ring's `array` against the tail's (one C-level comparison), one shorter than the longest so far
+is dropped after that one comparison (it can no longer be kept), and the continuations are counted a column
+at a time (a `Counter` only where no majority agrees with the first). tests/unit/test_suffix_index_reference.py
+holds the same lookup written plainly, and the drafts must be equal.
+
 Memory is fixed at construction, whatever is appended: a ring of `capacity` tokens (the oldest overwritten),
 one `prev` link per token and key length, and one chain-head table per key length. A flood of unique text
 evicts old text; it never grows the index. Sequences are appended as documents: a separator after each ends
@@ -62,6 +68,17 @@ def _key(tokens: Sequence[int]) -> int:
     for token in tokens:
         key = (key * _HASH_MULTIPLIER + token + 2) & 0xFFFF_FFFF_FFFF
     return key
+
+
+def _tail(context: Sequence[int], max_depth: int) -> array:
+    """The context's last max_depth tokens, as the ring holds them. A token the ring cannot hold (outside int32)
+    matches nothing there, so no match reaches past it: the tail starts after the last such token."""
+    tail = [int(token) for token in context[-max_depth:]]
+    try:
+        return array("i", tail)
+    except OverflowError:
+        last = max(i for i, token in enumerate(tail) if not -(1 << 31) <= token < 1 << 31)
+        return array("i", tail[last + 1:])
 
 
 def memory_bytes(capacity: int, key_lengths: Sequence[int], table_size: int) -> int:
@@ -156,7 +173,7 @@ class SuffixIndex:
     # --- reading --------------------------------------------------------------------------------
     def _segment(self, start: int, stop: int) -> list[int]:
         """The tokens at absolute positions [start, stop), SEPARATOR where evicted or not written yet: one or two
-        slices of the ring (a lookup's comparisons then run over lists, not a position at a time)."""
+        slices of the ring."""
         low, high = max(start, self.end - self.capacity, 0), min(stop, self.end)
         if low >= high:
             return [SEPARATOR] * (stop - start)
@@ -167,52 +184,81 @@ class SuffixIndex:
             middle = self.tokens[first:].tolist() + self.tokens[:last].tolist()
         return [SEPARATOR] * (low - start) + middle + [SEPARATOR] * (stop - high)
 
-    @staticmethod
-    def _common_suffix(earlier: list[int], tail: list[int], known: int) -> int:
-        """How many last tokens the two equal-length lists share, given that the last `known` do (binary search:
-        a shared suffix's own suffixes are shared)."""
+    def _span(self, start: int, stop: int) -> array:
+        """The tokens at absolute positions [start, stop) as an `array`: one slice of the ring where it holds
+        them all in order (nearly always), else `_segment`'s padded copy."""
+        first = start % self.capacity
+        if (start >= 0 and start >= self.end - self.capacity and stop <= self.end
+                and first + stop - start <= self.capacity):
+            return self.tokens[first:first + stop - start]
+        return array("i", self._segment(start, stop))
+
+    def _match_depth(self, position: int, tail: array, at_least: int) -> int:
+        """How many last tokens of `tail` the text ending at `position` shares, when at least `at_least` (0 when
+        fewer: such an occurrence can no longer be among the longest)."""
+        depth_limit = len(tail)
+        stop = position % self.capacity + 1
+        if stop >= depth_limit and position - depth_limit + 1 >= self.end - self.capacity:  # `_span`, inlined
+            earlier = self.tokens[stop - depth_limit:stop]
+        else:
+            earlier = self._span(position - depth_limit + 1, position + 1)
+        if at_least == depth_limit:
+            return depth_limit if earlier == tail else 0
+        if earlier[-at_least:] != tail[-at_least:]:  # a hash collision, or a shorter match than the best so far
+            return 0
+        if earlier[-at_least - 1] != tail[-at_least - 1]:  # most occurrences match just that much
+            return at_least
         if earlier == tail:
-            return len(tail)
-        low, high = known, len(tail) - 1  # low: shared; high + 1: not
+            return depth_limit
+        # binary search (a shared suffix's own suffixes are shared), first near `at_least`: most matches end soon
+        low, high = at_least + 1, depth_limit - 1  # low: shared; high + 1: not
+        middle = min(2 * low, high)
         while low < high:
-            middle = (low + high + 1) // 2
             if earlier[-middle:] == tail[-middle:]:
                 low = middle
             else:
                 high = middle - 1
+            middle = (low + high + 1) // 2
         return low
 
     def _candidates(self, context: Sequence[int]) -> tuple[list[int], int]:
         """The occurrences (absolute positions of their last token) of the context's longest matching tail,
         most recent first, and that match's length; ([], 0) when nothing matches."""
-        tail = [int(t) for t in context[-self.max_depth:]]
-        depth_limit = len(tail)
-        capacity, tokens, oldest = self.capacity, self.tokens, self.end - self.capacity
+        tail = _tail(context, self.max_depth)
+        capacity, tokens, end = self.capacity, self.tokens, self.end
+        oldest = max(end - capacity, 0)
+        last = tail[-1] if tail else SEPARATOR
         for level, length in enumerate(self.key_lengths):
-            if depth_limit < length:
+            if len(tail) < length:
                 continue
-            key = _key(tail[-length:]) & self.table_mask
-            position = self.heads[level][key]
+            position = self.heads[level][_key(tail[-length:]) & self.table_mask]
             prev = self.prev[level]
-            key_tail = tail[-length:]
-            found: list[tuple[int, int]] = []
+            found: list[int] = []  # the occurrences matching `best` tokens, in chain order
+            best = length  # a hash collision matches less than the key and is dropped
             steps = 0
-            while position != EMPTY and position >= oldest and position >= 0 and steps < self.max_candidates:
+            while position >= oldest and steps < self.max_candidates:  # EMPTY (-1) is below oldest too
                 steps += 1
-                # something followed it (not the end, not a document's end)
-                if position + 1 < self.end and tokens[(position + 1) % capacity] != SEPARATOR:
-                    # a short look first (most occurrences of a short key match little more than the key)
-                    near = min(depth_limit, 2 * length)
-                    earlier = self._segment(position - near + 1, position + 1)
-                    if earlier[-length:] == key_tail:  # a hash collision matches less
-                        if near < depth_limit and earlier == tail[-near:]:
-                            earlier, near = self._segment(position - depth_limit + 1, position + 1), depth_limit
-                        found.append((position, self._common_suffix(earlier, tail[-near:], length)))
+                # something followed it (not the end, not a document's end), and its last token is the tail's
+                # (else a hash collision)
+                if (position + 1 < end and tokens[(position + 1) % capacity] != SEPARATOR
+                        and tokens[position % capacity] == last):
+                    depth = self._match_depth(position, tail, best)  # 0, or at least best
+                    if depth and (depth > best or not found):
+                        best, found = depth, [position]
+                    elif depth:
+                        found.append(position)
                 position = prev[position % capacity]
             if found:
-                best = max(depth for _, depth in found)
-                return [position for position, depth in found if depth == best], best
+                return found, best
         return [], 0
+
+    def _continuations(self, positions: list[int], limit: int) -> list[array]:
+        """The `limit` tokens after each position (`_span`, inlined where the ring holds them all in order)."""
+        tokens, capacity, end = self.tokens, self.capacity, self.end
+        slots = [position % capacity + 1 for position in positions]
+        if all(position + 1 + limit <= end for position in positions) and max(slots) + limit <= capacity:
+            return [tokens[slot:slot + limit] for slot in slots]
+        return [self._span(position + 1, position + 1 + limit) for position in positions]
 
     def speculate(self, context: Sequence[int], max_tokens: int, *, min_prob: float = 0.1,
                   max_spec_factor: float = 1.0, max_spec_offset: float = 0.0) -> SuffixDraft:
@@ -224,25 +270,47 @@ class SuffixIndex:
         positions, match_length = self._candidates(context)
         if not positions:
             return SuffixDraft()
-        limit = min(max_tokens, int(max_spec_factor * match_length + max_spec_offset))
-        continuations = [self._segment(position + 1, position + 1 + limit) for position in positions]
+        limit = max(0, min(max_tokens, int(max_spec_factor * match_length + max_spec_offset)))
+        continuations = self._continuations(positions, limit)
         if len(continuations) == 1:  # one occurrence: its continuation up to the document's end, every chance 1
             following = continuations[0]
             length = following.index(SEPARATOR) if SEPARATOR in following else len(following)
-            return SuffixDraft(following[:length], [1.0] * length, match_length)
-        token_ids: list[int] = []
-        cumulative_probs: list[float] = []
-        chance = 1.0
-        alive = continuations
-        for offset in range(limit):
-            counts = Counter(following[offset] for following in alive if following[offset] != SEPARATOR)
+            return SuffixDraft(following[:length].tolist(), [1.0] * length, match_length)
+        token_ids, cumulative_probs = vote(continuations, limit, min_prob)
+        return SuffixDraft(token_ids, cumulative_probs, match_length)
+
+
+def vote(continuations: list[array], limit: int, min_prob: float) -> tuple[list[int], list[float]]:
+    """Walk the occurrences' continuations (each `limit` tokens) forward together: at each offset the most
+    frequent next token among those still agreeing (the first seen on a tie), its chance that frequency over
+    those agreeing; stop at a document's end everywhere or where the chance so far falls below min_prob.
+    Most offsets find most continuations agreeing: a count over one column; a Counter only where no majority
+    agrees with the first."""
+    token_ids: list[int] = []
+    cumulative_probs: list[float] = []
+    chance = 1.0
+    alive = continuations
+    # [limit][len(continuations)]: every column at once while all agree; once some drop out, a column is read
+    # from those left when it is reached (fewer each time, and the walk may stop before the rest is read)
+    columns: list[tuple[int, ...]] | None = list(zip(*alive))
+    for offset in range(limit):
+        column = columns[offset] if columns is not None else [following[offset] for following in alive]
+        token = column[0]
+        count = column.count(token)
+        # more than half agreeing on the first one's token makes it the most frequent (as a rule they all agree)
+        if token == SEPARATOR or 2 * count <= len(column):
+            counts = Counter(column)
+            counts.pop(SEPARATOR, None)
             if not counts:
                 break
-            token, count = counts.most_common(1)[0]
-            chance *= count / len(alive)
-            if chance < min_prob:
-                break
-            token_ids.append(token)
-            cumulative_probs.append(chance)
-            alive = [following for following in alive if following[offset] == token]
-        return SuffixDraft(token_ids, cumulative_probs, match_length)
+            token = max(counts, key=counts.__getitem__)  # the first of the most frequent, as most_common(1)
+            count = counts[token]
+        chance *= count / len(alive)
+        if chance < min_prob:
+            break
+        token_ids.append(token)
+        cumulative_probs.append(chance)
+        if count != len(alive):
+            alive = [following for following, next_id in zip(alive, column) if next_id == token]
+            columns = None
+    return token_ids, cumulative_probs
