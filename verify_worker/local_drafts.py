@@ -23,6 +23,7 @@ from services.config import SpeculativeSettings
 from services.engine.draft_session import DraftSession
 from services.models.drafters.batched import engine_drafter, propose_many
 from services.models.drafters.factory import DraftSource
+from services.models.drafters.target_kv import link_target
 from services.protocol import DraftFallback, OutputEvent, Verdict
 from services.speculative.block_length import RecentRounds
 from services.speculative.cost_model import CostModel, best_block_length
@@ -96,6 +97,7 @@ class LocalDrafting:
         session.local = DraftSession(spec, events, drafter=drafter, speculative=self.speculative, cost=self.cost,
                                      reply_to="", pipelined=False, recent=self.recent, draft_sessions=drafting + 1,
                                      max_plain_rounds=LOCAL_PLAIN_ROUNDS, sees_load=False)
+        link_target(drafter, session.target)  # a draft that copies the target takes the target's KV
 
     def batch_gamma(self, load: int) -> int | None:
         """The most every local session may draft this turn, at `load` rows; 0: a plain turn. Co-located,

@@ -19,6 +19,7 @@ from services.engine.context import check_request_fits
 from services.engine.target import TargetSession, run_step
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter, longer_allowed, reads_prompt
+from services.models.drafters.target_kv import link_target
 from services.models.drafters.batched import bound_draft_context
 from services.models.drafters.suffix import bind_prices, learned_prior
 from services.models.loading import LoadedModel
@@ -60,6 +61,7 @@ class GenerationSession:
         self.prompt_ids = list(prompt_ids)
         self._remembered = False
         self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
+        link_target(drafter, self.target_session)  # a draft that copies the target takes its KV of the prompt
         self._plain_opening = opens_plain(options.speculative, len(self.prompt_ids),
                                           reads_prompt(drafter))
 

@@ -17,6 +17,7 @@ prefix (llama_memory_seq_rm): nothing before it is evaluated again.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import logging
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 
 from services.errors import MirrorSDError
+from services.models import llamacpp_state
+from services.models.decoder import ForwardRow
 from services.models.llamacpp_build import DISTRIBUTION, LLAMA_CPP_PYTHON_VERSION
 
 logger = logging.getLogger(__name__)
@@ -265,6 +268,34 @@ class LlamaCppEngine:
                     outputs[piece.row].append(np.ctypeslib.as_array(pointer, shape=(self.vocab_size,)).copy())
                 index += 1
             piece.sequence.length = piece.start + len(piece.token_ids)
+
+    # --- sequence state: a prompt's KV written from outside (services/models/drafters/target_kv.py) ---------
+    def probe_state(self, token_ids: Sequence[int]) -> "llamacpp_state.SequenceState":
+        """Evaluate token_ids in a sequence of its own and return its KV as llama.cpp writes it, read back
+        by llamacpp_state (StateFormatError where this build's format is not the one written there)."""
+        sequence = self.new_sequence()
+        try:
+            self.forward([ForwardRow(sequence, list(token_ids), 1)])
+            size = int(self.lib.llama_state_seq_get_size(self.context, sequence.slot))
+            buffer = (ctypes.c_uint8 * size)()
+            written = int(self.lib.llama_state_seq_get_data(self.context, buffer, size, sequence.slot))
+            return llamacpp_state.check_format(bytes(buffer[:written]))
+        finally:
+            sequence.release()
+
+    def load_state(self, sequence: LlamaSequence, state: "llamacpp_state.SequenceState") -> None:
+        """Replace the sequence's KV with `state`'s cells (positions 0 .. n - 1)."""
+        if len(state.positions) > self.context_tokens:
+            raise LlamaCppError(f"a sequence state of {len(state.positions)} tokens: the llama.cpp context holds "
+                                f"{self.context_tokens} per session")
+        self._bind([sequence])
+        blob = llamacpp_state.write(state)
+        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        read = int(self.lib.llama_state_seq_set_data(self.context, buffer, len(blob), sequence.slot))
+        if read != len(blob):  # llama.cpp cleared the sequence
+            sequence.length = 0
+            raise LlamaCppError(f"llama.cpp refused a sequence state of {len(state.positions)} tokens")
+        sequence.length = len(state.positions)
 
     def set_threads(self, threads: int) -> None:
         self.lib.llama_set_n_threads(self.context, threads, threads)

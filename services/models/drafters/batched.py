@@ -30,6 +30,7 @@ import torch
 from services.models.engine import TorchEngine
 from services.models.decoder import ForwardRow
 from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
+from services.models.drafters.target_kv import MIN_TOKENS
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
@@ -73,6 +74,7 @@ class DraftEngine:
         pending = []
         for call in calls:
             drafter = call.drafter
+            drafter.adopt(call.context_ids)
             keep = drafter.kept_prefix(call.context_ids)
             drafter.sequence.crop(keep)
             del drafter.cached_ids[keep:]
@@ -99,6 +101,7 @@ class DraftEngine:
         prompt warmed a piece at a time, off the critical path (services/engine/draft_pipeline.py warm_up)."""
         rows, owners = [], []
         for drafter, context in items:
+            drafter.adopt(context)
             keep = drafter.kept_prefix(context)
             take = min(drafter.missing(context), budget, self.chunk_size)
             if take <= 0:
@@ -156,6 +159,7 @@ class EngineDrafter:
         self.sequence = engine.engine.new_sequence()
         self.cached_ids: list[int] = []  # what the sequence holds: view(context)'s tokens, from its start
         self.start = 0  # the first context position the draft reads (bound_draft_context)
+        self.target_link = None  # its session's target, where this draft takes the target's KV (target_kv.py)
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftProposal:
@@ -175,9 +179,26 @@ class EngineDrafter:
         view = self.view(context_ids)
         return min(common_prefix_length(self.cached_ids, view), len(view) - 1, self.sequence.length)
 
+    def adoptable(self, context_ids: Sequence[int]) -> int:
+        """How much of the context the session's target could hand this draft's KV (target_kv.py): 0 unless
+        the draft reads the context from its start and the target holds MIN_TOKENS more than the draft."""
+        if self.target_link is None or self.start:
+            return 0
+        available = self.target_link.available(context_ids)
+        return available if available - self.kept_prefix(context_ids) >= MIN_TOKENS else 0
+
+    def adopt(self, context_ids: Sequence[int]) -> None:
+        """Take the target's KV of the context where that saves evaluating MIN_TOKENS or more."""
+        available = self.adoptable(context_ids)
+        if available:
+            self.target_link.bridge.copy(self.sequence, self.target_link.target.sequence, available)
+            self.cached_ids = list(context_ids[:available])
+
     def missing(self, context_ids: Sequence[int]) -> int:
-        """Tokens to prefill before a proposal from this context costs only its draft steps."""
-        return max(0, self.read_length(context_ids) - 1 - self.kept_prefix(context_ids))
+        """Tokens to prefill before a proposal from this context costs only its draft steps (what the target's
+        KV can give it costs a copy, not a prefill)."""
+        computed = max(self.kept_prefix(context_ids), self.adoptable(context_ids))
+        return max(0, self.read_length(context_ids) - 1 - computed)
 
     def release(self) -> None:
         """Free the KV memory; the drafter stays usable (a new, empty sequence)."""
