@@ -30,7 +30,6 @@ import torch
 from services.models.engine import TorchEngine
 from services.models.decoder import ForwardRow
 from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
-from services.models.drafters.target_kv import MIN_TOKENS
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
@@ -59,6 +58,7 @@ class DraftEngine:
         self.name = name
         self.max_context = max_context
         self.chunk_size = chunk_size
+        self.kv_bridges: dict = {}  # target model id -> (model, KVBridge | None): drafters/target_kv.py bridge_for
 
     @classmethod
     def on_torch(cls, loaded: LoadedModel, *, chunk_size: int = 512) -> "DraftEngine":
@@ -184,8 +184,7 @@ class EngineDrafter:
         the draft reads the context from its start and the target holds MIN_TOKENS more than the draft."""
         if self.target_link is None or self.start:
             return 0
-        available = self.target_link.available(context_ids)
-        return available if available - self.kept_prefix(context_ids) >= MIN_TOKENS else 0
+        return self.target_link.available(context_ids, held=self.kept_prefix(context_ids))
 
     def adopt(self, context_ids: Sequence[int]) -> None:
         """Take the target's KV of the context where that saves evaluating MIN_TOKENS or more."""

@@ -103,9 +103,10 @@ def measure_bridge(draft_engine, target_engine) -> KVBridge | None:
     try:
         target_engine.forward([ForwardRow(sequence, ids, 1)])
         kv = sequence.kv[:, :, :, :len(ids)]
-        scores = {interleave: min(min_cosine(*_pair(kv, interleave, state, "keys")),
-                                  min_cosine(*_pair(kv, interleave, state, "values")))
-                  for interleave in (False, True)}
+        scores = {}
+        for interleave in (False, True):
+            keys, values = target_rows(kv, interleave)
+            scores[interleave] = min(min_cosine(keys, state.keys), min_cosine(values, state.values))
     finally:
         sequence.release()
     interleave = max(scores, key=scores.get)
@@ -118,15 +119,10 @@ def measure_bridge(draft_engine, target_engine) -> KVBridge | None:
     return KVBridge(draft_engine, interleave, state)
 
 
-def _pair(kv: torch.Tensor, interleave: bool, state: SequenceState, part: str):
-    keys, values = target_rows(kv, interleave)
-    return (keys, state.keys) if part == "keys" else (values, state.values)
-
-
 def bridge_for(draft_engine, target_engine) -> KVBridge | None:
     """The bridge between a DraftEngine's engine and a target engine's model, measured once per pair (an
     in-process session makes an engine of its own on the same model)."""
-    bridges = draft_engine.__dict__.setdefault("kv_bridges", {})
+    bridges = draft_engine.kv_bridges
     model = target_engine.target
     if id(model) not in bridges:  # the model is kept beside its verdict, so its id stays its own
         bridges[id(model)] = (model, measure_bridge(draft_engine.engine, target_engine))
@@ -140,11 +136,12 @@ class TargetLink:
     bridge: KVBridge
     target: object
 
-    def available(self, context_ids) -> int:
-        """How many leading positions of context_ids the target's KV holds (0 where they are not its tokens)."""
+    def available(self, context_ids, held: int = 0) -> int:
+        """How many leading positions of context_ids the target's KV holds (0 where they are not its tokens, or
+        not MIN_TOKENS more than the `held` the draft already has: then the tokens are not even compared)."""
         target = self.target
         length = min(target.sequence.length, len(context_ids) - 1)
-        if length <= 0 or list(target.token_ids[:length]) != list(context_ids[:length]):
+        if length - held < MIN_TOKENS or list(target.token_ids[:length]) != list(context_ids[:length]):
             return 0
         return length
 
