@@ -51,17 +51,7 @@ def _one_of(*values: Any) -> Callable[[Any], bool]:
 
 NOT_YET = "not served yet"
 
-# Both endpoints.
-SAMPLING = {
-    "presence_penalty": Refusal("0", f"penalties are {NOT_YET}", _empty),
-    "frequency_penalty": Refusal("0", f"penalties are {NOT_YET}", _empty),
-    "logit_bias": Refusal("empty", f"logit_bias is {NOT_YET}", _empty),
-}
-
 CHAT = {
-    **SAMPLING,
-    "logprobs": Refusal("false", f"log probabilities are {NOT_YET}", _empty),
-    "top_logprobs": Refusal("0", f"log probabilities are {NOT_YET}", _empty),
     "response_format": Refusal('{"type": "text"}', f"structured output (json_object, json_schema) is {NOT_YET}",
                                lambda value: value is None or value == {"type": "text"}),
     "tools": Refusal("empty", f"tool calling is {NOT_YET}", _empty),
@@ -82,9 +72,7 @@ CHAT = {
 }
 
 COMPLETIONS = {
-    **SAMPLING,
-    "logprobs": Refusal("null", f"log probabilities are {NOT_YET}", _absent),
-    "echo": Refusal("false", "echoing the prompt is not served", _empty),
+    "echo": Refusal("false", "echoing the prompt (and its log probabilities) is not served", _empty),
     "suffix": Refusal("empty", "insertion (a suffix) is not served", _empty),
     "best_of": Refusal("1", "one candidate per request", _one_of(None, 1)),
 }

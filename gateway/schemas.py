@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway import fields
 from gateway.fields import Refusal, check_part, refuse_unsupported
-from services.speculative.params import SamplingParams
+from services.speculative.params import BIAS_LIMIT, MAX_LOGPROBS, PENALTY_LIMIT, REPETITION_RANGE, SamplingParams
 
 
 MAX_CHOICES = 16  # `n`: each choice is a session and an admission slot
@@ -49,8 +49,13 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
     n: int | None = Field(1, ge=1, le=MAX_CHOICES, description=f"choices, 1..{MAX_CHOICES}: a session each "
                           "(gateway/api/choices.py)")
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    frequency_penalty: float | None = Field(0.0, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    repetition_penalty: float | None = Field(1.0, ge=REPETITION_RANGE[0], le=REPETITION_RANGE[1],
+                                             description="vLLM extension: > 1 discourages tokens already in the "
+                                             "prompt or the output")
+    # token id (as a string, OpenAI's shape) -> bias added to its logit; ids checked against the vocabulary
+    # where the tokenizer is known (gateway/sessions/submit.py)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False  # vLLM extension, for benchmarks
     return_token_ids: bool = False  # vLLM extension: the output's token ids in the choice
@@ -79,22 +84,42 @@ class SamplingFields(Strict):
             raise ValueError("stop sequences must be non-empty")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"logit_bias keys are token ids (integers as strings), got {key!r}")
+            if not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{key}] must be in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}], got {bias}")
+        return value
+
     @model_validator(mode="after")
     def _top_k_off(self) -> "SamplingFields":
         if self.top_k == -1:
             self.top_k = 0
         return self
 
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token when log probabilities are asked for, else None (each endpoint says how)."""
+        return None
+
     def sampling(self) -> SamplingParams:
         """The request's sampling values as the workers take them (ValueError when they do not fit)."""
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(key): bias for key, bias in (self.logit_bias or {}).items()},
+            logprobs=self.num_logprobs())
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     # known, refused unless they ask for nothing (gateway/fields.py COMPLETIONS)
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the chosen token's log probability "
+                                 f"and this many alternatives, 0-{MAX_LOGPROBS}")
     suffix: str | None = None
     best_of: int | None = None
 
@@ -110,6 +135,9 @@ class CompletionRequest(SamplingFields):
         if self.prompt == "":
             raise ValueError("prompt must not be empty")
         return self
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="after")
     def _supported(self) -> "CompletionRequest":
@@ -161,7 +189,7 @@ class ChatCompletionRequest(SamplingFields):
     safety_identifier: str | None = None
     # known, refused unless they ask for nothing (gateway/fields.py CHAT)
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
@@ -183,6 +211,15 @@ class ChatCompletionRequest(SamplingFields):
                 raise ValueError(f"max_completion_tokens must be >= 1, got {self.max_completion_tokens}")
             self.max_tokens = self.max_completion_tokens
         return self
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":

@@ -31,8 +31,9 @@ from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 5  # 3: SessionSpec carries its sampling params whole (`sampling`); 4: `opened`;
-# 5: Verdict.num_bridged
+PROTOCOL_VERSION = 6  # 3: SessionSpec carries its sampling params whole (`sampling`); 4: `opened`;
+# 5: Verdict.num_bridged; 6: penalties, logit_bias and logprobs in `sampling` (a worker that ignored them would
+# answer wrongly, not just less), OutputEvent's logprobs
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a block with fp16 draft probs for gamma 8 x 49k vocab is ~800 KB
 
 # --- Celery (control path) ---------------------------------------------------
@@ -424,6 +425,11 @@ class OutputEvent(Message):
     created_at: float = field(default_factory=time.time)
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused, not prefilled (prefix reuse)
     worker_id: str = ""  # the verify worker that committed it (holds the session's KV: cache affinity)
+    # When the request asks for them (SamplingParams.logprobs), one entry per token of token_ids: its log
+    # probability under the target, and the most likely ids with theirs (services/speculative/processing.py).
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 def _plain_from_wire(cls: type, data: dict, name: str):

@@ -39,6 +39,7 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str,
     back over Redis; a local session's verdict stays in this process)."""
     target = session.target
     output = target.output
+    logprobs = result.emitted_logprobs()
     event = OutputEvent(
         request_id=session.request_id,
         seq=session.round - 1,
@@ -49,6 +50,7 @@ def round_item(session: VerifySession, result: RoundResult, worker_id: str,
         stats=target.stats,
         num_cached_tokens=session.num_cached_tokens,
         worker_id=worker_id,
+        **(vars(logprobs) if logprobs is not None else {}),
     )
     target_list = reply_to(session.block) if session.block is not None else protocol.verdict_queue(session.request_id)
     return CommitItem(session.request_id, event.seq, event.encode(), target_list,

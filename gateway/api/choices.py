@@ -20,6 +20,12 @@ from gateway.schemas import SamplingFields
 SEED_LIMIT = 2**63 - 1
 
 
+def choices_room(tier_limit: int, per_key_limit: int) -> int:
+    """The most choices one request can ever be admitted with: each takes a slot of its tier, and of its key's
+    limit when there is one (0: none). More is a 400 (n), not a wait that ends in a 503."""
+    return min(tier_limit, per_key_limit) if per_key_limit else tier_limit
+
+
 def choice_params(params: SamplingFields, index: int) -> SamplingFields:
     """The request's fields for choice `index`: a seeded request's seed + index (wrapping within the 64-bit
     range), one choice each."""

@@ -20,7 +20,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from gateway.api import responses
-from gateway.api.choices import choice_params, merge_bodies, merge_streams
+from gateway.api.choices import choice_params, choices_room, merge_bodies, merge_streams
 from gateway.admission.slots import Ticket
 from gateway.admission.auth import Caller, authenticate
 from gateway.sessions.ending import close_follower_row, close_open_row, end_answer
@@ -31,6 +31,7 @@ from gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFi
 from gateway.state import GatewayState
 from gateway.streams.tally import StreamShare, claim_across_gateways
 from gateway.streams.reader import AnswerCancelled, RequestTimeout, read_output
+from gateway.streams.logprobs import LogprobsCursor, token_strings
 from gateway.streams.text import IncrementalText, sd_stats
 from gateway.sessions.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
@@ -50,6 +51,14 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
     """Admission first (a burst is answered before any tokenizing), then the session; the slot is given back
     when the answer ends, however it ends."""
     state = _state(request)
+    per_key = state.settings.gateway.max_inflight_per_key if caller.api_key_id is not None else 0
+    room = choices_room(state.admission.limit(caller.priority), per_key)
+    if (params.n or 1) > room:
+        early = early_ticket(request)
+        if early is not None:
+            state.admission.release(early)
+        raise APIError(400, f"n must be <= {room} here: each choice is a session with an admission slot of its own, "
+                            f"and a {caller.priority}-priority request gets at most {room} (got {params.n})", param="n")
     ticket = early_ticket(request) or await admit(state, caller)
     if (params.n or 1) > 1:
         return await _generate_choices(request, state, params, caller, chat=chat, encode=encode, ticket=ticket)
@@ -175,9 +184,15 @@ async def _end(state: GatewayState, submitted: Submitted, chat: bool, share: Str
         await close_open_row(state, submitted.request_id, last=last, first_token_at=first_at)
 
 
+def _logprobs(state: GatewayState, params: SamplingFields, chat: bool) -> LogprobsCursor:
+    asked = params.num_logprobs() is not None
+    return LogprobsCursor(token_strings(state.model.tokenizer) if asked else None, chat)
+
+
 async def _collect(request: Request, state: GatewayState, submitted: Submitted, params: SamplingFields,
                    chat: bool) -> JSONResponse:
     text = IncrementalText(state.model.tokenizer, params.stop)
+    logprobs = _logprobs(state, params, chat)
     last = None
     finished = cancelled = False
     started, first_token_at = time.monotonic(), None
@@ -188,6 +203,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
                 if event.token_ids and first_token_at is None:
                     first_token_at = time.monotonic()
                 text.feed(event.token_ids)
+                logprobs.feed(event)
                 if event.finished:
                     finished = True
                 elif await request.is_disconnected():
@@ -213,6 +229,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     )
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
+    body["choices"][0]["logprobs"] = logprobs.take(everything=True)
     return JSONResponse(body)
 
 
@@ -220,6 +237,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
                   include_usage: bool, ticket: Ticket) -> AsyncIterator[dict]:
     request_id, model = submitted.request_id, state.model.name
     text = IncrementalText(state.model.tokenizer, params.stop)
+    logprobs = _logprobs(state, params, chat)
 
     def chunk(delta: str, finish_reason: str | None = None, first: bool = False) -> dict:
         if chat:
@@ -231,6 +249,8 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
                                                  finish_reason=finish_reason)
         if params.return_token_ids and finish_reason is not None:
             payload["choices"][0]["token_ids"] = text.token_ids
+        if not first:  # the tokens since the last chunk (a held-back token's come with the text that shows it)
+            payload["choices"][0]["logprobs"] = logprobs.take()
         return {"data": json.dumps(payload)}
 
     finished = False
@@ -245,6 +265,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
                     last = event
                     if event.token_ids and first_token_at is None:
                         first_token_at = time.monotonic()
+                    logprobs.feed(event)
                     if event.finished:
                         finished = True
                         if event.finish_reason == "error":

@@ -69,7 +69,8 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
     without a seed). Greedy output ignores top_p, top_k and seed, so they are left out of its key; the
     priority tier is in it, so a high-priority request never waits on a low-priority generation; the
     requested route too, since seeded samples differ between plain and speculative rounds and a client
-    asking for "ar" asks for that generation; the cache salt, so requests only share within one. Not in it:
+    asking for "ar" asks for that generation; the cache salt, so requests only share within one; penalties and
+    biases, and how many log probabilities (a generation computes only those its leader asked for). Not in it:
     streaming and the endpoint's formatting."""
     sampling = params.sampling()
     if sampling.greedy:
@@ -79,9 +80,12 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
                  "top_k": int(sampling.top_k), "seed": int(sampling.seed)}
     else:
         return None
+    if sampling.processes_logits:  # penalties and biases change greedy output too
+        knobs.update(presence=float(sampling.presence_penalty), frequency=float(sampling.frequency_penalty),
+                     repetition=float(sampling.repetition_penalty), bias=[list(p) for p in sampling.logit_bias])
     fields = {"model": model, "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
               "stop": list(params.stop), "ignore_eos": bool(params.ignore_eos), "route": params.route or "sd",
-              "priority": priority, "cache_salt": params.cache_salt, **knobs}
+              "priority": priority, "cache_salt": params.cache_salt, "logprobs": sampling.logprobs, **knobs}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

@@ -103,6 +103,10 @@ def _validate(state: GatewayState, params: SamplingFields, prompt_ids: list[int]
     bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+    bad = next((key for key in params.logit_bias or {} if int(key) >= vocab), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias: token id {bad} is outside the vocabulary (0..{vocab - 1})",
+                       param="logit_bias")
 
 
 def _create_row(state: GatewayState, **fields) -> None:

@@ -11,6 +11,7 @@ from services.engine.options import GenerationOptions
 from services.engine.session import GenerationSession
 from services.models.drafters.factory import DraftSource
 from services.models.loading import LoadedModel
+from services.speculative.processing import TokenLogprobs
 from services.speculative.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class GenerationResult:
     total_s: float
     draft_s: float = 0.0  # time spent drafting
     verify_s: float = 0.0  # time spent in target forwards
+    logprobs: TokenLogprobs | None = None  # of token_ids, when the sampling params ask for them
 
     @property
     def num_tokens(self) -> int:
@@ -90,4 +92,5 @@ def generate(
         total_s=time.perf_counter() - started,
         draft_s=session.draft_s,
         verify_s=session.verify_s,
+        logprobs=session.logprobs if session.sampling.logprobs is not None else None,
     )

@@ -17,6 +17,7 @@ from services.engine.options import GenerationOptions
 from services.engine.stopping import OutputState
 from services.engine.context import check_request_fits
 from services.engine.target import TargetSession, run_step
+from services.speculative.processing import TokenLogprobs
 from services.models.engine import TargetEngine, TorchEngine
 from services.models.drafters.base import DraftProposal, Drafter, longer_allowed, reads_prompt
 from services.models.drafters.target_kv import link_target
@@ -59,6 +60,7 @@ class GenerationSession:
         self.draft_s = 0.0  # wall time in drafter.propose
         self.verify_s = 0.0  # wall time in the target's forwards (prefill included)
         self.prompt_ids = list(prompt_ids)
+        self.logprobs = TokenLogprobs()  # of output_ids, when the sampling params ask for them
         self._remembered = False
         self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
         link_target(drafter, self.target_session)  # a draft that copies the target takes its KV of the prompt
@@ -112,6 +114,9 @@ class GenerationSession:
         verification = result.verification
         # the controller steers the model draft: a suffix draft's round counts as a target-only one there
         self.controller.update(*model_round(proposal.drafter, verification.num_draft_tokens, verification.num_accepted))
+        emitted_logprobs = result.emitted_logprobs()
+        if emitted_logprobs is not None:
+            self.logprobs.extend(emitted_logprobs)
         if self.finished:
             self.release()
         return result.emitted

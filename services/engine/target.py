@@ -32,6 +32,7 @@ from services.models.engine import TargetEngine
 from services.engine.context import check_request_fits
 from services.models.decoder import ForwardRow
 from services.speculative.params import SamplingParams
+from services.speculative.processing import TokenLogprobs, process_logits, token_logprobs
 from services.speculative.stats import SpecDecodingStats
 from services.speculative.verification import Verification, verify_block
 
@@ -43,6 +44,10 @@ class RoundResult:
     verification: Verification
     committed: list[int]  # accepted draft tokens + the recovered or bonus token
     emitted: list[int]  # the part that reached the output (EOS and stops cut the rest)
+    logprobs: TokenLogprobs | None = None  # of the committed tokens, when the request asks for them
+
+    def emitted_logprobs(self) -> TokenLogprobs | None:
+        return None if self.logprobs is None else self.logprobs.head(len(self.emitted))
 
 
 class TargetSession:
@@ -56,6 +61,7 @@ class TargetSession:
         check_request_fits(target.name, target.max_context, len(prompt_ids))
         self.engine = engine
         self.token_ids: list[int] = [*prompt_ids, *output.output_ids]  # committed: prompt + output so far
+        self.num_prompt = len(prompt_ids)  # penalties count the output apart (services/speculative/processing.py)
         self.output = output
         self.sampling = sampling
         self.stats = stats or SpecDecodingStats()
@@ -119,18 +125,23 @@ class TargetSession:
 
     def apply(self, target_logits: torch.Tensor) -> RoundResult:
         """The round's verdict from the logits at [last committed, *draft] ([num_draft + 1, vocab])."""
-        draft_ids = self._draft_ids
-        generator = None if self.sampling.greedy else self.sampling.make_stream("target", self.round_index)
-        verification = verify_block(draft_ids, self._draft_probs, target_logits, self.sampling, generator)
+        draft_ids, sampling = self._draft_ids, self.sampling
+        generator = None if sampling.greedy else sampling.make_stream("target", self.round_index)
+        logits = target_logits
+        if sampling.processes_logits:
+            logits = process_logits(target_logits, self.token_ids[:self.num_prompt],
+                                    self.token_ids[self.num_prompt:], draft_ids, sampling)
+        verification = verify_block(draft_ids, self._draft_probs, logits, sampling, generator)
         num_accepted = verification.num_accepted
         # The KV holds committed + draft now: keep it through the accepted draft tokens.
         self.sequence.crop(len(self.token_ids) + num_accepted)
         committed = [*draft_ids[:num_accepted], verification.next_token_id]
+        logprobs = None if sampling.logprobs is None else token_logprobs(target_logits, committed, sampling.logprobs)
         self.token_ids.extend(committed)
         self._draft_ids, self._draft_probs = [], None
         self.stats.observe(verification.num_draft_tokens, num_accepted, self._drafter)
         self.round_index += 1
-        return RoundResult(verification, committed, self.output.accept(committed))
+        return RoundResult(verification, committed, self.output.accept(committed), logprobs)
 
     def rollback(self, num_committed: int) -> None:
         """Forget everything committed after the first num_committed tokens (the KV follows)."""

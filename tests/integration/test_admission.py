@@ -49,3 +49,13 @@ def test_three_hundred_at_once_get_only_200_503_or_429_with_retry_after(front_do
     assert summarized >= report.statuses["503"]  # this burst's, and the earlier test's
     assert log.count('"POST /v1/chat/completions HTTP/1.1" 503') == 0
     assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') >= report.statuses["200"]
+
+
+def test_more_choices_than_a_request_could_ever_be_admitted_with_is_a_400_naming_n(front_door_stack):
+    """6 in flight, the normal tier 90% of it: 5 choices fit, 6 never could (not a wait ending in a 503)."""
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    refused = httpx.post(f"{front_door_stack.base_url}/v1/chat/completions", json={**body, "n": 6}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n", refused.text
+    assert "at most 5" in refused.json()["error"]["message"]
+    answered = httpx.post(f"{front_door_stack.base_url}/v1/chat/completions", json={**body, "n": 5}, timeout=120)
+    assert answered.status_code == 200 and len(answered.json()["choices"]) == 5

@@ -56,11 +56,6 @@ def assert_refused(response, param: str, code: str = "unsupported_parameter") ->
 
 
 CHAT_REFUSED = [
-    ("logprobs", {"logprobs": True, "top_logprobs": 2}),
-    ("top_logprobs", {"top_logprobs": 2}),
-    ("presence_penalty", {"presence_penalty": 0.5}),
-    ("frequency_penalty", {"frequency_penalty": -0.5}),
-    ("logit_bias", {"logit_bias": {"42": -100}}),
     ("response_format", {"response_format": {"type": "json_object"}}),
     ("response_format", {"response_format": {"type": "json_schema",
                                              "json_schema": {"name": "answer", "schema": {"type": "object"}}}}),
@@ -96,12 +91,7 @@ def test_a_chat_field_not_served_is_refused_naming_it(http, param, fields):
 COMPLETION_REFUSED = [
     ("best_of", {"best_of": 2}),
     ("echo", {"echo": True}),
-    ("logprobs", {"logprobs": 0}),  # 0 still asks for the chosen tokens' log probabilities
-    ("logprobs", {"logprobs": 5}),
     ("suffix", {"suffix": " and that is all."}),
-    ("presence_penalty", {"presence_penalty": 1}),
-    ("frequency_penalty", {"frequency_penalty": 2}),
-    ("logit_bias", {"logit_bias": {"42": 5}}),
 ]
 
 
@@ -120,13 +110,17 @@ CHAT_DEFAULTS = {
 }
 NO_OPS = {"user": "user-1", "safety_identifier": "hash-1", "metadata": {"team": "docs"},
           "prompt_cache_key": "docs", "prompt_cache_retention": "24h", "parallel_tool_calls": True}
-EXTENSIONS = {"top_k": -1, "ignore_eos": False, "return_token_ids": True, "route": "sd", "cache_salt": "tenant-1"}
+EXTENSIONS = {"top_k": -1, "ignore_eos": False, "return_token_ids": True, "route": "sd", "cache_salt": "tenant-1",
+              "repetition_penalty": 1.0}
+SERVED = {"logprobs": True, "top_logprobs": 20, "presence_penalty": -2, "frequency_penalty": 2,
+          "logit_bias": {"42": -100, "0": 100}, "repetition_penalty": 1.2}
 
 
 def test_chat_fields_at_their_defaults_no_ops_and_extensions_are_accepted(http):
     assert_accepted(chat(http, **CHAT_DEFAULTS, **NO_OPS, **EXTENSIONS, seed=7, stop=["\n\n"], temperature=0.5,
                          top_p=0.9, max_completion_tokens=8))
     assert_accepted(chat(http, **{name: None for name in CHAT_DEFAULTS}))
+    assert_accepted(chat(http, **SERVED))
     message = {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": None, "tool_calls": None,
                "tool_call_id": None, "function_call": None, "audio": None, "refusal": None}
     assert_accepted(chat(http, messages=[{"role": "system", "content": "Be brief."}, message,
@@ -137,11 +131,12 @@ def test_completions_fields_at_their_defaults_are_accepted(http):
     assert_accepted(complete(http, n=1, best_of=1, echo=False, logprobs=None, suffix="", presence_penalty=0,
                              frequency_penalty=0, logit_bias={}, user="user-1", max_tokens=4, top_k=5,
                              stream=True, stream_options={"include_usage": True}))
+    assert_accepted(complete(http, logprobs=0))  # 0 still asks for the chosen tokens' log probabilities
+    assert_accepted(complete(http, logprobs=5, presence_penalty=1, frequency_penalty=-2, logit_bias={"42": 5}))
 
 
 @pytest.mark.parametrize(("param", "fields"), [
     ("min_p", {"min_p": 0.05}),  # vLLM's extensions that change the output are not served: refused, not ignored
-    ("repetition_penalty", {"repetition_penalty": 1.1}),
     ("temprature", {"temprature": 0.2}),  # a typo
     ("stream_options.continuous_usage_stats", {"stream_options": {"continuous_usage_stats": True}}),
     ("messages[0].cache_control", {"messages": [{**HELLO[0], "cache_control": {"type": "ephemeral"}}]}),
@@ -163,6 +158,13 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
                    "messages[0].content[0].text", code="missing_required_parameter")
     refused = chat(http, messages=[*HELLO, {"role": "robot", "content": "beep"}])
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[1].role"
+    for fields, param in [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                          ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+                          ({"logit_bias": {"49152": 1}}, "logit_bias"), ({"repetition_penalty": -1},
+                                                                          "repetition_penalty")]:
+        refused = chat(http, **fields)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (fields, refused.text)
+    assert complete(http, logprobs=21).json()["error"]["param"] == "logprobs"
     empty = http.post("/v1/chat/completions")
     assert empty.status_code == 400 and empty.json()["error"]["message"] == "missing request body (a JSON object)"
 
@@ -170,12 +172,9 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
 def test_the_openai_client_sees_a_refusal_as_bad_request_with_the_param(http):
     client = openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model=MODEL, messages=HELLO, logprobs=True, top_logprobs=2)
-    assert (refused.value.status_code, refused.value.param, refused.value.code) == (
-        400, "logprobs", "unsupported_parameter")
-    with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=HELLO, tools=[TOOL], tool_choice="required")
-    assert refused.value.param == "tools"
+    assert (refused.value.status_code, refused.value.param, refused.value.code) == (
+        400, "tools", "unsupported_parameter")
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"min_p": 0.05})
     assert (refused.value.param, refused.value.code) == ("min_p", "unknown_parameter")

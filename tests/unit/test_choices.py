@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.api.choices import choice_params, merge_bodies, merge_streams
+from gateway.api.choices import choice_params, choices_room, merge_bodies, merge_streams
 from gateway.schemas import ChatCompletionRequest
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -76,3 +76,9 @@ def test_a_closed_merged_stream_closes_every_choices_stream():
 
     asyncio.run(scenario())
     assert sorted(closed) == ["a", "b"]
+
+
+def test_a_request_never_asks_for_more_choices_than_it_could_be_admitted_with():
+    assert choices_room(tier_limit=5, per_key_limit=0) == 5
+    assert choices_room(tier_limit=230, per_key_limit=4) == 4
+    assert choices_room(tier_limit=3, per_key_limit=8) == 3

@@ -124,8 +124,22 @@ def test_a_spec_carries_its_sampling_params_whole():
     spec = SessionSpec.decode(EXAMPLES[0].encode())
     assert spec.sampling == SamplingParams(temperature=0.7, seed=3) and not spec.sampling.greedy
     body = EXAMPLES[0].to_dict()
-    assert body["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 3}
+    assert body["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 3, "presence_penalty": 0.0,
+                                "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": [],
+                                "logprobs": None}
     assert "temperature" not in body  # one object, not its fields copied beside the others
     del body["sampling"]  # a spec without one samples greedily
     raw = msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "session_spec", "body": body})
     assert SessionSpec.decode(raw).sampling == SamplingParams()
+
+
+def test_penalties_biases_and_logprobs_cross_whole():
+    sampling = SamplingParams(temperature=0.5, presence_penalty=0.5, frequency_penalty=-0.25,
+                              repetition_penalty=1.2, logit_bias={7: -100, 3: 2.5}, logprobs=4)
+    spec = SessionSpec(request_id="r", prompt_ids=[1, 2], max_new_tokens=4, sampling=sampling)
+    decoded = SessionSpec.decode(spec.encode()).sampling
+    assert decoded == sampling and decoded.logit_bias == ((3, 2.5), (7, -100.0)) and decoded.processes_logits
+    event = OutputEvent(request_id="r", seq=0, token_ids=[5, 6], num_output_tokens=2, logprobs=[-0.5, -1.25],
+                        top_ids=[[5, 1], [9, 6]], top_logprobs=[[-0.5, -2.0], [-1.0, -1.25]])
+    again = OutputEvent.decode(event.encode())
+    assert (again.logprobs, again.top_ids, again.top_logprobs) == (event.logprobs, event.top_ids, event.top_logprobs)

@@ -15,23 +15,43 @@ from tests.conftest import REPO_ROOT
 
 
 def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with_why():
-    defaults = {"presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "logprobs": False,
-                "top_logprobs": None, "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+    defaults = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
                 "store": False, "service_tier": "default", "modalities": ["text"], "verbosity": "medium"}
     assert fields.first_refused(defaults, fields.CHAT) is None
     assert fields.first_refused({}, fields.CHAT) is None  # absent is the default
-    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "frequency_penalty": 2},
+    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "store": True},
                                          fields.CHAT)
-    assert param == "frequency_penalty"  # the first in the table's order
-    assert detail == "must be 0 or absent: penalties are not served yet (got 2)"
+    assert param == "tools"  # the first in the table's order
+    assert detail == 'must be empty or absent: tool calling is not served yet (got [{"type": "function"}])'
     assert fields.first_refused({"response_format": {"type": "json_schema"}}, fields.CHAT)[0] == "response_format"
 
 
 def test_a_default_matches_in_type_too_where_json_tells_them_apart():
-    assert fields.first_refused({"logprobs": 1}, fields.CHAT)[0] == "logprobs"  # 1 is not false
     assert fields.first_refused({"store": 0}, fields.CHAT)[0] == "store"  # 0 is not false
-    assert fields.first_refused({"logprobs": 0}, fields.COMPLETIONS)[0] == "logprobs"  # 0 asks for logprobs
-    assert fields.first_refused({"logprobs": 0}, fields.CHAT) is None  # chat's logprobs is a flag: 0 is off
+    assert fields.first_refused({"best_of": True}, fields.COMPLETIONS)[0] == "best_of"  # true is not 1
+    assert fields.first_refused({"echo": 0}, fields.COMPLETIONS) is None  # echo asks for nothing at 0
+
+
+def test_served_sampling_fields_reach_the_workers_and_bad_ones_name_themselves():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    request = ChatCompletionRequest.model_validate({**body, "presence_penalty": 0.5, "frequency_penalty": -1,
+                                                    "repetition_penalty": 1.3, "logit_bias": {"42": -100},
+                                                    "logprobs": True, "top_logprobs": 3})
+    sampling = request.sampling()
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (0.5, -1, 1.3)
+    assert sampling.logit_bias == ((42, -100.0),) and sampling.logprobs == 3
+    assert ChatCompletionRequest.model_validate({**body, "logprobs": True}).sampling().logprobs == 0
+    assert ChatCompletionRequest.model_validate(body).sampling().logprobs is None
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "a", "logprobs": 0}).sampling().logprobs == 0
+    for bad, field in [({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+                       ({"logit_bias": {"3": 101}}, "logit_bias"), ({"top_logprobs": 21, "logprobs": True},
+                                                                     "top_logprobs"),
+                       ({"repetition_penalty": 0}, "repetition_penalty")]:
+        with pytest.raises(ValidationError) as refused:
+            ChatCompletionRequest.model_validate({**body, **bad})
+        assert refused.value.errors()[0]["loc"][0] == field, bad
+    with pytest.raises(ValidationError, match="top_logprobs needs logprobs"):
+        ChatCompletionRequest.model_validate({**body, "top_logprobs": 2})
 
 
 def test_a_content_part_other_than_text_is_refused_by_its_type():
