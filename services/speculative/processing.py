@@ -56,6 +56,44 @@ def _counts(token_ids: Sequence[int], draft_ids: Sequence[int], vocab_size: int)
     return counts
 
 
+class DraftProcessing:
+    """What a model draft can apply of a request's processing from its context alone, so that its proposals
+    follow the processed target: logit_bias and repetition_penalty (the context is the prompt and the output
+    both). The frequency and presence penalties count the output only, which a draft's context does not mark
+    apart, so a draft goes without them (any draft is lossless; this one is only accepted more often). One per
+    proposal: `apply` a row of the draft's logits, then `add` the token drafted from it."""
+
+    def __init__(self, context_ids: Sequence[int], params: SamplingParams, vocab_size: int) -> None:
+        self.params = params
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+        if params.repetition_penalty != 1.0:
+            ids = torch.tensor([t for t in context_ids if t < vocab_size], dtype=torch.long)
+            self.seen[ids] = True
+        pairs = [(token_id, bias) for token_id, bias in params.logit_bias if token_id < vocab_size]
+        self.bias_ids = torch.tensor([token_id for token_id, _ in pairs], dtype=torch.long)
+        self.bias = torch.tensor([bias for _, bias in pairs], dtype=torch.float32)
+
+    @staticmethod
+    def needed(params: SamplingParams) -> bool:
+        return params.repetition_penalty != 1.0 or bool(params.logit_bias)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """One position's logits [vocab] -> processed (float32, a new tensor)."""
+        scores = logits.float().clone()
+        width = min(scores.shape[-1], self.seen.shape[0])
+        if self.bias_ids.numel():
+            scores[self.bias_ids] += self.bias
+        penalty = self.params.repetition_penalty
+        if penalty != 1.0:
+            seen, head = self.seen[:width], scores[:width]
+            scores[:width] = torch.where(seen, torch.where(head > 0, head / penalty, head * penalty), head)
+        return scores
+
+    def add(self, token_id: int) -> None:
+        if token_id < self.seen.shape[0]:
+            self.seen[token_id] = True
+
+
 @dataclass
 class TokenLogprobs:
     """Per token: its log probability, and the `top` most likely ids with theirs (best first)."""

@@ -276,3 +276,14 @@ def test_penalties_biases_and_logprobs_through_speculation_equal_target_only(dra
         assert session.logprobs.top_ids == plain.logprobs.top_ids
         flat = [value for row in session.logprobs.top_logprobs for value in row]
         assert flat == pytest.approx([value for row in plain.logprobs.top_logprobs for value in row], abs=1e-5)
+
+
+def test_a_copy_of_the_target_drafting_under_a_bias_and_a_repetition_penalty_is_always_accepted():
+    target = build_tiny_llama(2)
+    prompt = prompt_for(2)
+    sampling = SamplingParams(repetition_penalty=1.5, logit_bias={5: 4.0, 9: -100.0})
+    plain = run(target, None, prompt, sampling=sampling)
+    session = run(target, ModelDrafter(target.with_precision("fp32")), prompt, gamma=4, fixed_gamma=True,
+                  sampling=sampling)
+    assert session.output_ids == plain.output_ids
+    assert session.stats.acceptance_rate == 1.0  # the draft processed its logits as the target did

@@ -136,3 +136,20 @@ def test_bad_values_are_refused_naming_the_field():
                          ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs")]:
         with pytest.raises(ValueError, match=name):
             SamplingParams(**kwargs)
+
+
+def test_a_draft_applies_what_its_context_alone_decides_as_the_target_would():
+    from services.speculative.processing import DraftProcessing
+
+    generator = torch.Generator().manual_seed(8)
+    context = torch.randint(0, VOCAB, (15,), generator=generator).tolist()
+    params = SamplingParams(repetition_penalty=1.6, logit_bias={3: 2.0, 4: -100.0})
+    rows = torch.randn(3, VOCAB, generator=generator)
+    draft = DraftProcessing(context, params, VOCAB)
+    drafted = [9, 3]
+    target = process_logits(rows, context[:10], context[10:], drafted, params)  # no output-only penalty here
+    for index in range(3):
+        torch.testing.assert_close(draft.apply(rows[index]), target[index])
+        if index < len(drafted):
+            draft.add(drafted[index])
+    assert DraftProcessing.needed(params) and not DraftProcessing.needed(SamplingParams(presence_penalty=1.0))

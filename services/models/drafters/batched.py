@@ -33,6 +33,7 @@ from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
+from services.speculative.processing import DraftProcessing
 from services.speculative.sampling import sample_from_probs, warp_logits
 
 logger = logging.getLogger(__name__)
@@ -127,16 +128,22 @@ class DraftEngine:
         probs: list[list[torch.Tensor]] = [[] for _ in calls]
         if active:
             logits = dict(zip(active, self._sync([calls[index] for index in active])))
+            processing = {index: DraftProcessing(calls[index].context_ids, calls[index].sampling,
+                                                 logits[index].shape[-1])
+                          for index in active if DraftProcessing.needed(calls[index].sampling)}
             while active:
                 for index in active:
                     call = calls[index]
+                    row = logits[index] if index not in processing else processing[index].apply(logits[index])
                     if call.sampling.greedy:
-                        token_id = int(logits[index].argmax().item())
+                        token_id = int(row.argmax().item())
                     else:
-                        row_probs = warp_logits(logits[index][None], call.sampling)  # [1, vocab]
+                        row_probs = warp_logits(row[None], call.sampling)  # [1, vocab]
                         token_id = int(sample_from_probs(row_probs, call.generator).item())
                         probs[index].append(row_probs[0])
                     tokens[index].append(token_id)
+                    if index in processing:
+                        processing[index].add(token_id)
                 active = [index for index in active if len(tokens[index]) < wanted[index]]
                 if not active:
                     break

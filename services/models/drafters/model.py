@@ -11,6 +11,7 @@ from services.models.drafters.base import DraftProposal
 from services.models.kv_cache import CachedLM
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
+from services.speculative.processing import DraftProcessing
 from services.speculative.sampling import sample_from_probs, warp_logits
 
 logger = logging.getLogger(__name__)
@@ -38,9 +39,13 @@ class ModelDrafter:
         if num_draft_tokens <= 0:
             return DraftProposal([], None)
         logits = self._lm.sync(context_ids)  # [vocab]
+        processing = DraftProcessing(context_ids, sampling, logits.shape[-1]) if DraftProcessing.needed(sampling) \
+            else None
         draft_ids: list[int] = []
         draft_probs: list[torch.Tensor] = []
         for position in range(num_draft_tokens):
+            if processing is not None:
+                logits = processing.apply(logits)
             if sampling.greedy:
                 token_id = int(logits.argmax().item())
             else:
@@ -48,6 +53,8 @@ class ModelDrafter:
                 token_id = int(sample_from_probs(probs, generator).item())
                 draft_probs.append(probs[0])
             draft_ids.append(token_id)
+            if processing is not None:
+                processing.add(token_id)
             if position + 1 < num_draft_tokens:
                 logits = self._lm.forward([token_id], num_logits=1)[0]
         probs_out = torch.stack(draft_probs) if draft_probs else None  # [num_draft_tokens, vocab]
