@@ -169,15 +169,16 @@ class WorkerSettings(BaseModel):
                                 "model, device and threads stay the same")
     draft_fallback: bool = Field(True, description="draft workers: a model draft that cannot run here (its "
                                  "engine crashes, hangs or fails its check, or under `mirror-sd up` the worker "
-                                 "keeps crashing at start) is replaced by prompt lookup, lossless but slower, and "
-                                 "the heartbeat says so (draft_fallback); false: the worker fails instead")
+                                 "keeps crashing at start) is replaced by suffix drafts alone (no model), lossless "
+                                 "but slower, and the heartbeat says so (draft_fallback); false: the worker fails "
+                                 "instead")
     draft_placement: Literal["remote", "local"] = Field(
         "remote", description="verify workers: remote, draft workers draft their sessions (a fleet, drafts on other "
         "hosts); local, the verify worker drafts for its own sessions in-process with `draft`, between its "
         "forwards on all its cores (one box: no core split, no Redis hop per round)")
     crashed_draft: CrashedDraft | None = Field(None, description="set by `mirror-sd up`'s supervisor (JSON) when "
-                                               "it restarts a draft worker that kept crashing at start with prompt "
-                                               "lookup: the draft that crashed and how; the heartbeat says so")
+                                               "it restarts a draft worker that kept crashing at start with suffix "
+                                               "drafts alone: the draft that crashed and how; the heartbeat says so")
 
 
 class GatewaySettings(BaseModel):
@@ -303,7 +304,8 @@ class Settings(BaseSettings):
     target: str = "smollm2-135m"
     target_precision: Precision = "fp32"
     draft: str = Field("auto", description="draft spec (services/models/drafters/factory.py); auto: for the "
-                       "built-in target its own GGUF on llama.cpp; else prompt lookup")
+                       "built-in target the per-round choice between suffix drafts and its own GGUF on llama.cpp "
+                       "(suffix:gguf:<alias>); else suffix drafts alone")
     draft_precision: Precision = "fp32"
     device: str = "cpu"
     cpu_weight_layout: Literal["auto", "transposed", "native"] = Field(

@@ -316,8 +316,8 @@ def start_stack(*, redis_url: str, port: int, draft: str, env: dict[str, str] | 
 
 
 def draft_fallback(spec: str):
-    """The draft worker's fallback for its supervisor: restarted after crashing at start, it drafts with prompt
-    lookup and says why in its heartbeat (worker.crashed_draft)."""
+    """The draft worker's fallback for its supervisor: restarted after crashing at start, it drafts with suffix
+    drafts alone (FALLBACK_DRAFT) and says why in its heartbeat (worker.crashed_draft)."""
     def fallback(reason: str, fault: str) -> tuple[dict[str, str], str]:
         crashed = CrashedDraft(draft=spec, fault=fault, reason=reason)
         return ({"MIRROR_SD_DRAFT": FALLBACK_DRAFT, "MIRROR_SD_WORKER__CRASHED_DRAFT": crashed.model_dump_json()},

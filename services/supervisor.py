@@ -12,7 +12,7 @@ published (`on_change`: a ChildStatus per child in Redis, which /metrics,
   chaos drill does;
 - died by its own fault (SIGSEGV, SIGILL, SIGBUS, SIGABRT, SIGFPE) or exited
   before it stayed up `stable_s`: a failed start. A child with a `fallback`
-  (the draft worker: prompt lookup instead of a model draft) is started with
+  (the draft worker: suffix drafts alone instead of a model draft) is started with
   it after `fallback_after` crashes in a row, once. After
   `max_quick_failures` failed starts in a row the child is marked failed and
   no longer restarted: a crash loop is a state an operator sees, not a

@@ -13,7 +13,7 @@ from services.errors import MirrorSDError
 
 logger = logging.getLogger(__name__)
 
-BENCH_DEFAULT_MODES = "ar,sd:auto,sd:ngram"  # auto: the built-in target's own GGUF on llama.cpp
+BENCH_DEFAULT_MODES = "ar,sd:auto,sd:ngram"  # auto: suffix drafts or the built-in target's own GGUF, per round
 
 
 def bench(

@@ -1,7 +1,7 @@
 """A fresh machine whose llama.cpp build faults (a native build's AMX kernels on some Xeons): `mirror-sd up`
-still becomes ready, drafting with prompt lookup, says so once and everywhere an operator looks, serves greedy
-output identical to the target alone, and leaves no child behind when it is killed with SIGKILL. `up` runs with
-its defaults, so the worker that drafts is the one its placement picks on this box: the verify worker on 2
+still becomes ready, drafting with suffix drafts alone, says so once and everywhere an operator looks, serves
+greedy output identical to the target alone, and leaves no child behind when it is killed with SIGKILL. `up` runs
+with its defaults, so the worker that drafts is the one its placement picks on this box: the verify worker on 2
 cores or fewer (placement local), a draft worker beside it on more.
 
 The faulting build is tests/fixtures/faulty_llama_cpp, first on every child's PYTHONPATH."""
@@ -53,9 +53,9 @@ def dashboard_shows_the_fallback(port: int, drafter: str) -> None:
         page.wait_for_selector(f'{table} tr[data-worker^="{drafter}-"] .badge.alert:has-text("fallback (SIGSEGV)")',
                                timeout=30_000)
         note = page.locator("#drafts .fallback-note").first.text_content()
-        assert re.fullmatch(drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp crashed with "
-                            r"SIGSEGV in llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with ngram "
-                            r"instead", note)
+        assert re.fullmatch(drafter + r"-\S+: draft suffix:gguf:smollm2-135m cannot run here: llama.cpp crashed "
+                            r"with SIGSEGV in llama_decode \(build uses AMX_INT8, AVX512, AVX2, AVX\); drafting with "
+                            r"suffix instead", note)
         child = "draft-worker" if drafter == "draft" else "verify-worker"
         page.wait_for_selector(f'#children tr[data-child="{child}"] td.state:has-text("running")', timeout=10_000)
         if os.environ.get("MIRROR_SD_FALLBACK_SCREENSHOT"):
@@ -71,7 +71,7 @@ def chat(port: int, **extra) -> dict:
     return response.json()
 
 
-def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_supervisor(tmp_path, redis_url,
+def test_up_on_a_faulting_llama_cpp_serves_with_suffix_drafts_and_dies_with_its_supervisor(tmp_path, redis_url,
                                                                                            warm_up_profile):
     client = redis.Redis.from_url(redis_url)
     port = free_port()
@@ -92,7 +92,7 @@ def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_
         fallback, = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).json()["draft_fallbacks"]
         print(f"ready {seconds:.1f}s after `up` started, {ready_at - fallback['since']:.1f}s after the draft's "
               "engine crashed in its check, drafting with the fallback")
-        assert fallback["draft"] == "gguf:smollm2-135m" and fallback["serving"] == "ngram"
+        assert fallback["draft"] == "suffix:gguf:smollm2-135m" and fallback["serving"] == "suffix"
         assert fallback["fault"] == "SIGSEGV"
         assert fallback["reason"].startswith("llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8")
 
@@ -103,17 +103,19 @@ def test_up_on_a_faulting_llama_cpp_serves_with_prompt_lookup_and_dies_with_its_
 
         status = subprocess.run([sys.executable, "-m", "services.cli", "status"], env=env, capture_output=True,
                                 text=True, timeout=60)
-        assert re.search(r"fallback: " + drafter + r"-\S+: draft gguf:smollm2-135m cannot run here: llama.cpp "
-                         r"crashed with SIGSEGV in llama_decode .*; drafting with ngram instead", status.stdout), \
+        assert re.search(r"fallback: " + drafter + r"-\S+: draft suffix:gguf:smollm2-135m cannot run here: "
+                         r"llama.cpp crashed with SIGSEGV in llama_decode .*; drafting with suffix instead",
+                         status.stdout), \
             status.stdout
         assert re.search(r"processes \(mirror-sd up\): .*verify-worker running", status.stdout), status.stdout
         assert ("draft-worker running" in status.stdout) == (drafter == "draft"), status.stdout
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        assert re.search(r'mirror_sd:draft_fallback\{draft="gguf:smollm2-135m",fault="SIGSEGV",serving="ngram",'
-                         r'worker="' + drafter + r'-[^"]+"\} 1.0', metrics)
+        assert re.search(r'mirror_sd:draft_fallback\{draft="suffix:gguf:smollm2-135m",fault="SIGSEGV",'
+                         r'serving="suffix",worker="' + drafter + r'-[^"]+"\} 1.0', metrics)
         dashboard_shows_the_fallback(port, drafter)
         said = log_path.read_text()
-        assert len(re.findall(r"draft gguf:smollm2-135m cannot run here", said)) == 2, said[-4000:]  # worker, up
+        said_it = re.findall(r"draft suffix:gguf:smollm2-135m cannot run here", said)
+        assert len(said_it) == 2, said[-4000:]  # the worker, and up
 
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= (4 if drafter == "draft" else 3)  # gateway, verify worker, telemetry, draft worker

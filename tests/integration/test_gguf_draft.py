@@ -46,7 +46,7 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
 
 def test_greedy_sd_with_llama_cpp_drafts_is_target_only(builtin_target, gguf_source, dev_prompts):
     hybrid = load_draft_source(f"hybrid:{SPEC}", builtin_target, num_threads=1)
-    assert load_draft_source("auto", builtin_target, num_threads=1).spec == SPEC
+    assert load_draft_source("auto", builtin_target, num_threads=1).spec == f"suffix:{SPEC}"
     none = load_draft_source("none", builtin_target)
     picked = [p for p in dev_prompts if p["context_chars"] == 0][:2] + \
         sorted((p for p in dev_prompts if p["context_chars"] > 0), key=lambda p: len(p["prompt"]))[:2]
@@ -175,7 +175,7 @@ def test_bad_gguf_specs_name_the_value(vocab):
     assert gguf_path(SPEC).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def test_without_llama_cpp_the_draft_says_what_to_install_and_auto_uses_lookup():
+def test_without_llama_cpp_the_draft_says_what_to_install_and_auto_uses_suffix_drafts():
     script = (
         "import sys; sys.modules['llama_cpp'] = None\n"
         "from services.models.drafters.factory import resolve_draft_spec\n"
@@ -189,8 +189,8 @@ def test_without_llama_cpp_the_draft_says_what_to_install_and_auto_uses_lookup()
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     lines = done.stdout.strip().splitlines()
-    assert lines[0] == "ngram", done.stderr
+    assert lines[0] == "suffix", done.stderr
     assert lines[1].startswith("LlamaCppMissingError") and "`mirror-sd llamacpp build` builds llama-cpp-python==0.3.36" in lines[1]
-    assert resolve_draft_spec("auto", "smollm2-135m") == "gguf:smollm2-135m"
-    assert resolve_draft_spec("auto", "SmolLM2-135M-Instruct") == "gguf:smollm2-135m"
-    assert resolve_draft_spec("auto", "/some/other/model") == "ngram"
+    assert resolve_draft_spec("auto", "smollm2-135m") == "suffix:gguf:smollm2-135m"
+    assert resolve_draft_spec("auto", "SmolLM2-135M-Instruct") == "suffix:gguf:smollm2-135m"
+    assert resolve_draft_spec("auto", "/some/other/model") == "suffix"

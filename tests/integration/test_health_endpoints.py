@@ -16,7 +16,7 @@ from services.config import Settings
 from services.protocol import CHILDREN_KEY, ChildStatus, DraftFallback, Heartbeat, heartbeat_key
 from services.storage.db import init_db
 
-FALLBACK = DraftFallback(draft="gguf:smollm2-135m", fault="SIGSEGV", serving="ngram",
+FALLBACK = DraftFallback(draft="suffix:gguf:smollm2-135m", fault="SIGSEGV", serving="suffix",
                          reason="llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8, AVX2)")
 
 
@@ -53,9 +53,9 @@ def test_health_answers_503_until_the_fleet_can_serve_then_200(gateway):
 def test_a_draft_fallback_and_a_failed_child_show_in_readyz_metrics_and_the_dashboard(gateway):
     client, http = gateway
     beat(client, "verify-cpu-0", "verify")
-    beat(client, "draft-cpu", "draft", model="ngram", draft_fallback=FALLBACK)
+    beat(client, "draft-cpu", "draft", model="suffix", draft_fallback=FALLBACK)
     children = [ChildStatus(name="draft-worker", state="running", pid=41, restarts=2, last_exit="SIGSEGV",
-                            fallback="draft ngram instead of gguf:smollm2-135m"),
+                            fallback="draft suffix instead of suffix:gguf:smollm2-135m"),
                 ChildStatus(name="verify-cpu-1", state="failed", restarts=5, failures=6, last_exit="exit code 3",
                             detail="verify-cpu-1 exited 6 times in a row within 30s of starting")]
     client.hset(CHILDREN_KEY, mapping={child.name: child.encode() for child in children})
@@ -68,7 +68,7 @@ def test_a_draft_fallback_and_a_failed_child_show_in_readyz_metrics_and_the_dash
                                         "detail": children[1].detail}]
 
     metrics = http.get("/metrics").text
-    assert ('mirror_sd:draft_fallback{draft="gguf:smollm2-135m",fault="SIGSEGV",serving="ngram",'
+    assert ('mirror_sd:draft_fallback{draft="suffix:gguf:smollm2-135m",fault="SIGSEGV",serving="suffix",'
             'worker="draft-cpu"} 1.0') in metrics
     assert 'mirror_sd:child_state{child="verify-cpu-1",state="failed"} 1.0' in metrics
     assert 'mirror_sd:child_state{child="draft-worker",state="failed"} 0.0' in metrics
@@ -76,7 +76,7 @@ def test_a_draft_fallback_and_a_failed_child_show_in_readyz_metrics_and_the_dash
 
     snap = http.get("/v1/dashboard").json()
     draft = next(w for w in snap["workers"] if w["worker_id"] == "draft-cpu")
-    assert draft["draft_fallback"]["reason"] == FALLBACK.reason and draft["model"] == "ngram"
+    assert draft["draft_fallback"]["reason"] == FALLBACK.reason and draft["model"] == "suffix"
     verify = next(w for w in snap["workers"] if w["worker_id"] == "verify-cpu-0")
     assert verify["draft_fallback"] is None
     assert {c["name"]: c["state"] for c in snap["children"]} == {"draft-worker": "running",

@@ -1,6 +1,6 @@
 """llama.cpp is run once in a child process before a process trusts it: a build that faults is named (signal,
-function, instruction sets), its verdict kept per GGUF, build and CPU, and a draft worker then serves with prompt
-lookup instead of dying. The faulting build is tests/fixtures/faulty_llama_cpp (these machines have no AMX)."""
+function, instruction sets), its verdict kept per GGUF, build and CPU, and a draft worker then serves with suffix
+drafts alone instead of dying. The faulting build is tests/fixtures/faulty_llama_cpp (these machines have no AMX)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from services.config import Settings
 from services.models.drafters.gguf import gguf_path
 from services.models.drafters.serving import load_serving_draft
+from services.models.drafters.suffix import SuffixDrafter
 from services.models.llamacpp_check import (
     EngineParams,
     LlamaCppFaultError,
@@ -68,15 +69,19 @@ def test_the_verdict_is_kept_per_build_and_settings(params, monkeypatch, tmp_pat
     assert other.ok and len(list((tmp_path / "checks").glob("llamacpp-*.json"))) == 2
 
 
-def test_a_draft_worker_whose_engine_faults_drafts_with_prompt_lookup_and_says_why(monkeypatch, tmp_path):
+@pytest.mark.parametrize("draft", ["auto", "gguf:smollm2-135m"])  # auto: the choice, suffix:gguf:smollm2-135m
+def test_a_draft_worker_whose_engine_faults_drafts_with_suffix_drafts_and_says_why(monkeypatch, tmp_path, draft):
     monkeypatch.setenv("PYTHONPATH", str(FAULTY_LLAMA_CPP))
-    settings = Settings(draft="auto", cache_dir=private_cache(tmp_path), num_threads=1)
+    settings = Settings(draft=draft, cache_dir=private_cache(tmp_path), num_threads=1)
     source, vocab_size, fallback = load_serving_draft(settings)
-    assert source.spec == "ngram" and source.engine is None and vocab_size == 49152
-    assert fallback.draft == "gguf:smollm2-135m" and fallback.serving == "ngram" and fallback.fault == "SIGSEGV"
+    # suffix drafts alone, with the settings' suffix options: never the choice's model half that faulted
+    assert source.spec == "suffix" and source.engine is None and source.model is None and vocab_size == 49152
+    assert source.suffix == settings.suffix and isinstance(source.new_drafter(), SuffixDrafter)
+    assert fallback.draft == ("suffix:gguf:smollm2-135m" if draft == "auto" else draft)
+    assert fallback.serving == "suffix" and fallback.fault == "SIGSEGV"
     assert fallback.reason.startswith("llama.cpp crashed with SIGSEGV in llama_decode (build uses AMX_INT8")
     with pytest.raises(LlamaCppFaultError, match=r"draft 'gguf:smollm2-135m': llama.cpp crashed with SIGSEGV"):
-        load_serving_draft(Settings(draft="auto", cache_dir=settings.cache_dir, num_threads=1,
+        load_serving_draft(Settings(draft=draft, cache_dir=settings.cache_dir, num_threads=1,
                             worker={"draft_fallback": False}))
 
 

@@ -39,13 +39,14 @@ def test_missing_config_file_is_named(monkeypatch):
 def test_the_supervisors_crashed_draft_note_reaches_the_restarted_worker_through_its_environment(monkeypatch):
     from services.stack import draft_fallback
 
-    env, summary = draft_fallback("gguf:smollm2-135m")("draft-worker crashed with SIGSEGV 2 times in a row at start",
-                                                        "SIGSEGV")
-    assert summary == "draft ngram instead of gguf:smollm2-135m" and env["MIRROR_SD_DRAFT"] == "ngram"
+    env, summary = draft_fallback("suffix:gguf:smollm2-135m")(
+        "draft-worker crashed with SIGSEGV 2 times in a row at start", "SIGSEGV")
+    # suffix drafts alone: never the choice's model half that crashed
+    assert summary == "draft suffix instead of suffix:gguf:smollm2-135m" and env["MIRROR_SD_DRAFT"] == "suffix"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     settings = Settings()
-    assert settings.draft == "ngram"
+    assert settings.draft == "suffix"
     crashed = settings.worker.crashed_draft
-    assert (crashed.draft, crashed.fault) == ("gguf:smollm2-135m", "SIGSEGV")
+    assert (crashed.draft, crashed.fault) == ("suffix:gguf:smollm2-135m", "SIGSEGV")
     assert crashed.reason == "draft-worker crashed with SIGSEGV 2 times in a row at start"

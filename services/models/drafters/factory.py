@@ -9,7 +9,8 @@ llama.cpp, drafters/gguf.py); `hybrid` / `hybrid:<model draft>` (prompt
 lookup when the context has a match, else the model draft, `default`
 unless named); `suffix` (suffix drafts over the conversation and the tenant's earlier outputs, no model:
 drafters/suffix.py) / `suffix:<model draft>` (per round the suffix draft or the model draft, whichever promises
-more tokens per ms); `auto` (the settings' default: see resolve_draft_spec); `none`
+more tokens per ms); `auto` (the settings' default, `suffix:gguf:<alias>` for a built-in target: see
+resolve_draft_spec); `none`
 (target-only); `synthetic:<a>[@<ms>ms]` (benchmarks only: the target's greedy
 token with probability a, from reference runs, at a chosen cost per token;
 docs/synthetic.md); anything else is a model spec for
@@ -48,30 +49,30 @@ SELF_DRAFT_SHORTHANDS = ("int8", "bf16", "fp16")
 
 
 AUTO = "auto"
-# The last draft of auto's chain: no model, no native code, nothing to fault. A draft worker whose model draft
-# cannot run on this machine (its engine faults in the check, or the process keeps crashing at start) serves
-# with it instead, and says so in its heartbeat (draft_fallback).
-FALLBACK_DRAFT = "ngram"
+SUFFIX = "suffix"
+# What a draft worker serves with when its model draft cannot run on this machine (its engine faults in the
+# check, or the process keeps crashing at start), saying so in its heartbeat (draft_fallback): suffix drafts
+# alone, no model and no native code, so nothing to fault, and never the engine that failed.
+FALLBACK_DRAFT = SUFFIX
 
 
 def resolve_draft_spec(spec: str, target: str) -> str:
-    """`auto` (target: an alias or a model's name): for a built-in target, its own GGUF on llama.cpp when
-    llama-cpp-python is installed; otherwise prompt lookup alone, saying what to install. Other specs as given.
-    Not the hybrid: measured on the dev set, prompt lookup's proposals are accepted less often than the GGUF
-    draft's even on grounded prompts, and cost the hybrid more than lookup saves (docs/drafts.md, llama.cpp drafts)."""
+    """`auto` (target: an alias or a model's name): for a built-in target with llama-cpp-python installed, the
+    per-round choice between suffix drafts and the target's own GGUF on llama.cpp (`suffix:gguf:<alias>`);
+    otherwise suffix drafts alone, saying what to install for a built-in target. Other specs as given.
+    The choice, not the GGUF draft alone: it measured faster on the dev set and the repeated-work set
+    (docs/drafts.md). Suffix drafts alone, not prompt lookup: they read the conversation as lookup does, and
+    the tenant's earlier outputs too, with no vocabulary to share (needs_target_vocab)."""
     if spec != AUTO:
         return spec
     alias = next((b.alias for b in BUILTIN_MODELS.values() if target in (b.alias, b.display_name)), None)
     if alias is None:
-        return "ngram"
+        return SUFFIX
     if not llama_cpp_available():
-        logger.warning("draft auto: llama-cpp-python is not installed, drafting with prompt lookup (ngram); "
-                       "`mirror-sd llamacpp build` installs %s for the llama.cpp draft", LLAMA_CPP_PACKAGE)
-        return "ngram"
-    return f"{GGUF_PREFIX}{alias}"
-
-
-SUFFIX = "suffix"
+        logger.warning("draft auto: llama-cpp-python is not installed, drafting with suffix drafts alone (%s); "
+                       "`mirror-sd llamacpp build` installs %s for the llama.cpp draft", SUFFIX, LLAMA_CPP_PACKAGE)
+        return SUFFIX
+    return f"{SUFFIX}:{GGUF_PREFIX}{alias}"
 
 
 def is_suffix_spec(spec: str) -> bool:

@@ -16,7 +16,7 @@ naming both.
 Before llama.cpp is loaded into this process, it decodes the GGUF once in a
 child process (services/models/llamacpp_check.py, cached per GGUF, build and
 CPU): a build that faults on this CPU raises LlamaCppFaultError, which the
-draft worker answers by drafting with prompt lookup, instead of dying.
+draft worker answers by drafting with suffix drafts alone, instead of dying.
 """
 
 from __future__ import annotations

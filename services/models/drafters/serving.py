@@ -1,7 +1,7 @@
 """The draft a worker process serves with: a remote draft worker's, or a verify worker's drafting for its own
 sessions (placement local). One rule for both: a model draft whose engine faults here (its check in a child
-process, services/models/llamacpp_check.py) is replaced by prompt lookup, once and loudly, and the fallback
-travels in the worker's heartbeat (draft_fallback)."""
+process, services/models/llamacpp_check.py) is replaced by suffix drafts alone (FALLBACK_DRAFT), once and
+loudly, and the fallback travels in the worker's heartbeat (draft_fallback)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from services.protocol import DraftFallback
 
 logger = logging.getLogger(__name__)
 
-LOOKUP_VOCAB = 1000  # enough for profiling prompt lookup, which reads no vocabulary
+LOOKUP_VOCAB = 1000  # enough for profiling prompt lookup or suffix drafts, which read no vocabulary
 
 
 def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
@@ -37,14 +37,12 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
     if is_synthetic_spec(spec):
         source = synthetic_serving_draft(settings, spec, target)
         return source, source.vocab_size, None
-    lookup = DraftSource(FALLBACK_DRAFT, None, settings.speculative.ngram_max, settings.speculative.ngram_min)
     fallback = None
     crashed = settings.worker.crashed_draft
     if crashed is not None:  # restarted so by `mirror-sd up` after crashing at start
         fallback = DraftFallback(draft=crashed.draft, fault=crashed.fault, reason=crashed.reason, serving=spec)
     if not needs_target_vocab(spec):
-        return (DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min,
-                            suffix=settings.suffix if is_suffix_spec(spec) else None), LOOKUP_VOCAB, fallback)
+        return model_free_source(spec, settings), LOOKUP_VOCAB, fallback
     if target is None:
         from services.models.loading import load_model, load_target_vocab
 
@@ -63,8 +61,16 @@ def load_serving_draft(settings: Settings, target: LoadedModel | None = None,
                                  serving=FALLBACK_DRAFT)
         logger.error("%s (%s; worker.draft_fallback: false fails instead)", fallback.describe(),
                      exc.check.kept_note() or "the check ran in a child process")
-        return lookup, target.vocab_size, fallback
+        return model_free_source(FALLBACK_DRAFT, settings), target.vocab_size, fallback
     return source, target.vocab_size, fallback
+
+
+def model_free_source(spec: str, settings: Settings) -> DraftSource:
+    """A draft with no model (`none`, `ngram`, `suffix`): the one given, or the fallback of a model draft
+    (for `suffix:<model draft>` too: suffix drafts alone, never the model half that failed)."""
+    assert not needs_target_vocab(spec), spec
+    return DraftSource(spec, None, settings.speculative.ngram_max, settings.speculative.ngram_min,
+                       suffix=settings.suffix if is_suffix_spec(spec) else None)
 
 
 def synthetic_serving_draft(settings: Settings, spec: str, target: LoadedModel | None) -> DraftSource:
