@@ -52,8 +52,6 @@ def _one_of(*values: Any) -> Callable[[Any], bool]:
 NOT_YET = "not served yet"
 
 CHAT = {
-    "response_format": Refusal('{"type": "text"}', f"structured output (json_object, json_schema) is {NOT_YET}",
-                               lambda value: value is None or value == {"type": "text"}),
     "tools": Refusal("empty", f"tool calling is {NOT_YET}", _empty),
     "tool_choice": Refusal('"none" or "auto"', f"tool calling is {NOT_YET}", _one_of(None, "none", "auto")),
     "functions": Refusal("empty", f"function calling is {NOT_YET}", _empty),

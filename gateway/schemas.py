@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gateway import fields
 from gateway.fields import Refusal, check_part, refuse_unsupported
+from gateway.formats import response_format_grammar, structured_outputs_grammar
 from services.speculative.params import BIAS_LIMIT, MAX_LOGPROBS, PENALTY_LIMIT, REPETITION_RANGE, SamplingParams
 
 
@@ -57,6 +58,8 @@ class SamplingFields(Strict):
     # token id (as a string, OpenAI's shape) -> bias added to its logit; ids checked against the vocabulary
     # where the tokenizer is known (gateway/sessions/submit.py)
     logit_bias: dict[str, float] | None = None
+    # vLLM extension: the answer constrained to a JSON schema (`json`), a regular expression or one of `choice`
+    structured_outputs: dict | None = None
     ignore_eos: bool = False  # vLLM extension, for benchmarks
     return_token_ids: bool = False  # vLLM extension: the output's token ids in the choice
     # Mirror-SD extension: "ar" asks for plain target decoding (no draft), e.g. to compare; "sd" is the
@@ -83,6 +86,19 @@ class SamplingFields(Strict):
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty")
         return stops
+
+    _grammar: str | None = PrivateAttr(None)  # the format's grammar text (gateway/formats.py)
+
+    @field_validator("structured_outputs")
+    @classmethod
+    def _structured(cls, value: dict | None) -> dict | None:
+        structured_outputs_grammar(value)  # a ValueError here is a 400 naming the field
+        return value
+
+    @model_validator(mode="after")
+    def _format(self) -> "SamplingFields":
+        self._grammar = structured_outputs_grammar(self.structured_outputs)
+        return self
 
     @field_validator("logit_bias")
     @classmethod
@@ -111,7 +127,7 @@ class SamplingFields(Strict):
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias={int(key): bias for key, bias in (self.logit_bias or {}).items()},
-            logprobs=self.num_logprobs())
+            logprobs=self.num_logprobs(), grammar=self._grammar)
 
 
 class CompletionRequest(SamplingFields):
@@ -210,6 +226,20 @@ class ChatCompletionRequest(SamplingFields):
             if self.max_completion_tokens <= 0:
                 raise ValueError(f"max_completion_tokens must be >= 1, got {self.max_completion_tokens}")
             self.max_tokens = self.max_completion_tokens
+        return self
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: dict | None) -> dict | None:
+        response_format_grammar(value)  # a ValueError here is a 400 naming the field
+        return value
+
+    @model_validator(mode="after")
+    def _one_format(self) -> "ChatCompletionRequest":
+        grammar = response_format_grammar(self.response_format)
+        if grammar is not None and self._grammar is not None:
+            raise ValueError("response_format and structured_outputs: give one")
+        self._grammar = grammar or self._grammar
         return self
 
     @model_validator(mode="after")

@@ -70,7 +70,8 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
     priority tier is in it, so a high-priority request never waits on a low-priority generation; the
     requested route too, since seeded samples differ between plain and speculative rounds and a client
     asking for "ar" asks for that generation; the cache salt, so requests only share within one; penalties and
-    biases, and how many log probabilities (a generation computes only those its leader asked for). Not in it:
+    biases, the output's grammar, and how many log probabilities (a generation computes only those its leader
+    asked for). Not in it:
     streaming and the endpoint's formatting."""
     sampling = params.sampling()
     if sampling.greedy:
@@ -85,7 +86,8 @@ def flight_key(*, model: str, prompt_ids: list[int], max_new_tokens: int, params
                      repetition=float(sampling.repetition_penalty), bias=[list(p) for p in sampling.logit_bias])
     fields = {"model": model, "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
               "stop": list(params.stop), "ignore_eos": bool(params.ignore_eos), "route": params.route or "sd",
-              "priority": priority, "cache_salt": params.cache_salt, "logprobs": sampling.logprobs, **knobs}
+              "priority": priority, "cache_salt": params.cache_salt, "logprobs": sampling.logprobs,
+              "grammar": sampling.grammar, **knobs}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

@@ -26,6 +26,7 @@ from services.engine.stopping import StopStrings
 from services.engine.context import check_request_fits
 from services.errors import ContextLengthError
 from services.logs import bind_request
+from services.speculative.grammar import GrammarError, check_grammar
 from services.protocol import (
     TASK_RUN_SESSION,
     DraftBlock,
@@ -103,6 +104,7 @@ def _validate(state: GatewayState, params: SamplingFields, prompt_ids: list[int]
     bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+    _check_format(state, params, vocab)
     bad = next((key for key in params.logit_bias or {} if int(key) >= vocab), None)
     if bad is not None:
         raise APIError(400, f"logit_bias: token id {bad} is outside the vocabulary (0..{vocab - 1})",
@@ -145,6 +147,21 @@ async def _to_verify(state: GatewayState, spec: SessionSpec, block: DraftBlock, 
         verify_pool_queue(spec.pool)
     push = state.redis.lpush if spec.priority == PRIORITY_LEVELS["high"] else state.redis.rpush
     await push(queue, block.encode())
+
+
+def _check_format(state: GatewayState, params: SamplingFields, vocab: int) -> None:
+    """A grammar the served tokenizer cannot follow (an unsupported schema keyword, a bad regex) is a 400 naming
+    the field it came from, before any worker sees it."""
+    grammar = params.sampling().grammar
+    if grammar is None:
+        return
+    tokenizer = state.model.tokenizer
+    eos = getattr(tokenizer, "eos_token_id", None)
+    try:
+        check_grammar(grammar, tokenizer, vocab, [eos] if isinstance(eos, int) else [])
+    except GrammarError as exc:
+        field = "structured_outputs" if params.structured_outputs else "response_format"
+        raise APIError(400, f"{field}: {exc}", param=field) from exc
 
 
 async def admit(state: GatewayState, caller: Caller) -> Ticket:

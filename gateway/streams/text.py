@@ -90,4 +90,7 @@ def sd_stats(event: OutputEvent | None, request_id: str) -> dict:
         "num_history_drafts": stats.num_history_drafts,
         "num_suffix_draft_tokens": stats.num_suffix_draft_tokens,
         "num_suffix_accepted_tokens": stats.num_suffix_accepted_tokens,
+        # tokens a grammar forced (structured output): drafted for free, and of them accepted
+        "num_forced_draft_tokens": stats.num_forced_draft_tokens,
+        "num_forced_accepted_tokens": stats.num_forced_accepted_tokens,
     }

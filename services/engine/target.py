@@ -31,12 +31,15 @@ from services.engine.stopping import OutputState
 from services.models.engine import TargetEngine
 from services.engine.context import check_request_fits
 from services.models.decoder import ForwardRow
+from services.speculative.grammar_state import GrammarState, mask_logits
 from services.speculative.params import SamplingParams
 from services.speculative.processing import TokenLogprobs, process_logits, token_logprobs
-from services.speculative.stats import SpecDecodingStats
+from services.speculative.stats import FORCED_DRAFTER, SpecDecodingStats
 from services.speculative.verification import Verification, verify_block
 
 logger = logging.getLogger(__name__)
+
+MAX_FORCED_TOKENS = 32  # a block of tokens the grammar forces (one round's worth)
 
 
 @dataclass
@@ -66,9 +69,12 @@ class TargetSession:
         self.sampling = sampling
         self.stats = stats or SpecDecodingStats()
         self.round_index = round_index  # rounds committed so far = the next round's number
+        self.grammar = None if sampling.grammar is None else GrammarState(
+            sampling.grammar, target.tokenizer, target.vocab_size, target.eos_token_ids, output.output_ids)
         self.sequence = engine.new_sequence()
         self._draft_ids: list[int] = []
         self._drafter = ""
+        self._forced = (0, 0, 0)  # the block's forced head, its length before the forced tail, the tail
         self._draft_probs: torch.Tensor | None = None
 
     @property
@@ -110,9 +116,34 @@ class TargetSession:
     def set_draft(self, draft_ids: Sequence[int], draft_probs: torch.Tensor | None = None,
                   drafter: str = "") -> None:
         """The block this round verifies (empty: a target-only round). draft_probs [n, vocab] or None; drafter:
-        who made it (stats count suffix drafts apart)."""
+        who made it (stats count suffix drafts apart). Under a grammar the block is cut at its first forbidden
+        token, or replaced by the tokens the grammar forces (services/speculative/grammar.py)."""
         assert len(draft_ids) <= self.room, f"{len(draft_ids)} draft tokens overflow the context"
         self._draft_ids, self._draft_probs, self._drafter = list(draft_ids), draft_probs, drafter
+        self._forced = (0, 0, 0)
+        if self.grammar is not None:
+            self._constrain_draft()
+
+    def _constrain_draft(self) -> None:
+        """The block under the grammar: the tokens it forces first (free, whoever drafted), then the drafter's
+        tokens where they begin with those, cut at the first token the grammar forbids, then the tokens the
+        grammar forces after them."""
+        room = min(MAX_FORCED_TOKENS, self.room)
+        head = self.grammar.forced()[:room]
+        draft_ids = self._draft_ids
+        if head and draft_ids[: len(head)] != head:
+            draft_ids, self._draft_probs, self._drafter = head, None, FORCED_DRAFTER
+        valid = self.grammar.valid_prefix(draft_ids)
+        draft_ids = draft_ids[:valid]
+        tail = self.grammar.forced(draft_ids)[: max(0, room - len(draft_ids))]
+        if self._draft_probs is not None:
+            self._draft_probs = self._draft_probs[:valid]
+            if tail:  # the forced tail is a point mass each: one-hot rows beside the drafter's own
+                rows = torch.zeros(len(tail), self._draft_probs.shape[-1], dtype=self._draft_probs.dtype)
+                rows[torch.arange(len(tail)), torch.tensor(tail)] = 1.0
+                self._draft_probs = torch.cat([self._draft_probs, rows])
+        self._draft_ids = [*draft_ids, *tail]
+        self._forced = (len(head), len(draft_ids), len(tail))
 
     def prepare(self, token_budget: int | None = None) -> ForwardRow:
         """This step's row: the uncached committed tokens and the draft block, or, when that exceeds the
@@ -131,6 +162,8 @@ class TargetSession:
         if sampling.processes_logits:
             logits = process_logits(target_logits, self.token_ids[:self.num_prompt],
                                     self.token_ids[self.num_prompt:], draft_ids, sampling)
+        if self.grammar is not None:
+            logits = mask_logits(logits, self.grammar.masks(draft_ids))
         verification = verify_block(draft_ids, self._draft_probs, logits, sampling, generator)
         num_accepted = verification.num_accepted
         # The KV holds committed + draft now: keep it through the accepted draft tokens.
@@ -138,8 +171,13 @@ class TargetSession:
         committed = [*draft_ids[:num_accepted], verification.next_token_id]
         logprobs = None if sampling.logprobs is None else token_logprobs(target_logits, committed, sampling.logprobs)
         self.token_ids.extend(committed)
+        if self.grammar is not None:
+            self.grammar.commit(committed)
         self._draft_ids, self._draft_probs = [], None
-        self.stats.observe(verification.num_draft_tokens, num_accepted, self._drafter)
+        head, before_tail, tail = self._forced
+        forced_accepted = min(head, num_accepted) + max(0, min(tail, num_accepted - before_tail))
+        self.stats.observe(verification.num_draft_tokens, num_accepted, self._drafter, head + tail, forced_accepted)
+        self._forced = (0, 0, 0)
         self.round_index += 1
         return RoundResult(verification, committed, self.output.accept(committed), logprobs)
 
@@ -148,6 +186,8 @@ class TargetSession:
         assert 1 <= num_committed <= len(self.token_ids), f"cannot roll back to {num_committed} tokens"
         self.sequence.crop(min(self.sequence.length, num_committed - 1))
         del self.token_ids[num_committed:]
+        if self.grammar is not None:
+            self.grammar.rollback(self.token_ids[self.num_prompt:])
 
     def release(self) -> None:
         self.sequence.release()

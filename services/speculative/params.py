@@ -24,7 +24,8 @@ class SamplingParams:
     logit_bias, (token id, bias) pairs added to the logits; repetition_penalty (vLLM's), dividing a positive
     logit (multiplying a negative one) of every token already in the prompt or the output; frequency_penalty and
     presence_penalty (OpenAI's), subtracting count x frequency + presence from each token already in the output.
-    logprobs: None for none, else the emitted tokens' log probabilities with this many alternatives (0-20)."""
+    logprobs: None for none, else the emitted tokens' log probabilities with this many alternatives (0-20).
+    grammar: structured output, as grammar text (services/speculative/grammar.py), or None for free text."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -35,6 +36,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
@@ -56,6 +58,8 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or null, got {self.logprobs!r}")
+        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar):
+            raise ValueError(f"grammar must be grammar text or null, got {self.grammar!r}")
 
     @property
     def processes_logits(self) -> bool:

@@ -20,12 +20,13 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 SUFFIX_DRAFTER = "suffix"  # a block from the session's own context (DraftProposal.drafter, DraftBlock.drafter)
 HISTORY_DRAFTER = "history"  # a block from the tenant's earlier outputs
 SUFFIX_DRAFTERS = (SUFFIX_DRAFTER, HISTORY_DRAFTER)
+FORCED_DRAFTER = "forced"  # a block of tokens a grammar forced (services/speculative/grammar.py)
 
 
 def model_round(drafter: str, num_draft_tokens: int, num_accepted: int) -> tuple[int, int]:
     """A round as the model draft's block-length controller counts it: a suffix draft's as a target-only round
     (free, and judged by its own measure), any other as it was."""
-    return (0, 0) if drafter in SUFFIX_DRAFTERS else (num_draft_tokens, num_accepted)
+    return (0, 0) if drafter in (*SUFFIX_DRAFTERS, FORCED_DRAFTER) else (num_draft_tokens, num_accepted)
 
 
 @dataclass
@@ -43,11 +44,18 @@ class SpecDecodingStats:
     num_suffix_draft_tokens: int = 0
     num_suffix_accepted_tokens: int = 0
     num_history_drafts: int = 0
+    # of the above, the tokens a grammar forced (structured output), drafted for free, and those accepted
+    num_forced_draft_tokens: int = 0
+    num_forced_accepted_tokens: int = 0
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, drafter: str = "") -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, drafter: str = "", num_forced: int = 0,
+                num_forced_accepted: int = 0) -> None:
         """Record one round: num_draft_tokens proposed, the first num_accepted kept; drafter: which drafter made
-        the block (SUFFIX_DRAFTERS count apart)."""
-        assert 0 <= num_accepted <= num_draft_tokens
+        the block (SUFFIX_DRAFTERS count apart); num_forced: how many of its tokens a grammar forced, and of those
+        num_forced_accepted were kept."""
+        assert 0 <= num_accepted <= num_draft_tokens and 0 <= num_forced_accepted <= num_forced <= num_draft_tokens
+        self.num_forced_draft_tokens += num_forced
+        self.num_forced_accepted_tokens += num_forced_accepted
         self.num_target_calls += 1
         self.num_emitted_tokens += num_accepted + 1
         if num_draft_tokens == 0:
@@ -104,6 +112,8 @@ class SpecDecodingStats:
         self.num_suffix_draft_tokens += other.num_suffix_draft_tokens
         self.num_suffix_accepted_tokens += other.num_suffix_accepted_tokens
         self.num_history_drafts += other.num_history_drafts
+        self.num_forced_draft_tokens += other.num_forced_draft_tokens
+        self.num_forced_accepted_tokens += other.num_forced_accepted_tokens
         for mine, theirs in (
             (self.num_draft_tokens_per_pos, other.num_draft_tokens_per_pos),
             (self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
@@ -163,6 +173,8 @@ class SpecDecodingStats:
             "num_suffix_draft_tokens": self.num_suffix_draft_tokens,
             "num_suffix_accepted_tokens": self.num_suffix_accepted_tokens,
             "num_history_drafts": self.num_history_drafts,
+            "num_forced_draft_tokens": self.num_forced_draft_tokens,
+            "num_forced_accepted_tokens": self.num_forced_accepted_tokens,
         }
 
     @classmethod

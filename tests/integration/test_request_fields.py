@@ -56,9 +56,6 @@ def assert_refused(response, param: str, code: str = "unsupported_parameter") ->
 
 
 CHAT_REFUSED = [
-    ("response_format", {"response_format": {"type": "json_object"}}),
-    ("response_format", {"response_format": {"type": "json_schema",
-                                             "json_schema": {"name": "answer", "schema": {"type": "object"}}}}),
     ("tools", {"tools": [TOOL], "tool_choice": "required"}),
     ("tool_choice", {"tool_choice": "required"}),
     ("tool_choice", {"tool_choice": {"type": "function", "function": {"name": "weather"}}}),
@@ -113,7 +110,9 @@ NO_OPS = {"user": "user-1", "safety_identifier": "hash-1", "metadata": {"team": 
 EXTENSIONS = {"top_k": -1, "ignore_eos": False, "return_token_ids": True, "route": "sd", "cache_salt": "tenant-1",
               "repetition_penalty": 1.0}
 SERVED = {"logprobs": True, "top_logprobs": 20, "presence_penalty": -2, "frequency_penalty": 2,
-          "logit_bias": {"42": -100, "0": 100}, "repetition_penalty": 1.2}
+          "logit_bias": {"42": -100, "0": 100}, "repetition_penalty": 1.2,
+          "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+              "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}}
 
 
 def test_chat_fields_at_their_defaults_no_ops_and_extensions_are_accepted(http):
@@ -121,6 +120,8 @@ def test_chat_fields_at_their_defaults_no_ops_and_extensions_are_accepted(http):
                          top_p=0.9, max_completion_tokens=8))
     assert_accepted(chat(http, **{name: None for name in CHAT_DEFAULTS}))
     assert_accepted(chat(http, **SERVED))
+    assert_accepted(chat(http, response_format={"type": "json_object"}))
+    assert_accepted(chat(http, structured_outputs={"regex": "[0-9]{3}"}))
     message = {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": None, "tool_calls": None,
                "tool_call_id": None, "function_call": None, "audio": None, "refusal": None}
     assert_accepted(chat(http, messages=[{"role": "system", "content": "Be brief."}, message,
@@ -165,6 +166,14 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
         refused = chat(http, **fields)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (fields, refused.text)
     assert complete(http, logprobs=21).json()["error"]["param"] == "logprobs"
+    # formats the served tokenizer's grammar engine refuses: named, never answered unconstrained
+    for fields, param in [({"response_format": {"type": "json_schema", "json_schema": {
+                               "name": "x", "schema": {"type": "frobnicate"}}}}, "response_format"),
+                          ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+                          ({"structured_outputs": {"choice": []}}, "structured_outputs")]:
+        refused = chat(http, **fields)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (fields, refused.text)
+    assert complete(http, structured_outputs={"regex": "(unclosed"}).json()["error"]["param"] == "structured_outputs"
     empty = http.post("/v1/chat/completions")
     assert empty.status_code == 400 and empty.json()["error"]["message"] == "missing request body (a JSON object)"
 

@@ -584,3 +584,69 @@ def test_penalties_and_biases_over_http_equal_target_only_decoding_with_them(ope
         presence_penalty=1.5, frequency_penalty=0.5, logit_bias={str(banned): -100},
         extra_body={"repetition_penalty": 1.2, "return_token_ids": True})
     assert answer.choices[0].model_extra["token_ids"] == expected
+
+
+CITY_SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24},
+    "population_millions": {"type": "number"}, "landmarks": {"type": "array", "items": {"type": "string",
+                                                                                         "maxLength": 24},
+                                                           "maxItems": 3}},
+    "required": ["city", "country", "population_millions", "landmarks"], "additionalProperties": False}
+
+
+def test_parse_with_a_pydantic_model_gets_the_constrained_target_only_answer(openai_client, builtin_target):
+    import pydantic
+
+    from services.speculative.grammar import json_schema_grammar
+    from services.speculative.params import SamplingParams
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+        founded_year: int
+
+    prompt = "Tell me about Paris as JSON."
+    answer = openai_client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], response_format=City, max_tokens=96,
+        temperature=0, extra_body={"return_token_ids": True})
+    choice = answer.choices[0]
+    assert isinstance(choice.message.parsed, City) and choice.finish_reason == "stop"
+    expected = target_only_with(builtin_target, prompt, SamplingParams(grammar=json_schema_grammar(
+        openai_strict_schema(City))), max_tokens=96)
+    assert choice.model_extra["token_ids"] == expected.token_ids
+
+
+def openai_strict_schema(model) -> dict:
+    """The schema the openai client sends for a pydantic model in parse() (strict: every field required, no
+    other properties)."""
+    from openai.lib._pydantic import to_strict_json_schema
+
+    return to_strict_json_schema(model)
+
+
+def test_a_verify_worker_killed_mid_json_answers_the_same_valid_json(stack, client, builtin_target):
+    import jsonschema
+
+    from services.speculative.grammar import json_schema_grammar
+    from services.speculative.params import SamplingParams
+
+    prompt = "Describe Tokyo as JSON."
+    expected = target_only_with(builtin_target, prompt, SamplingParams(grammar=json_schema_grammar(CITY_SCHEMA)),
+                                max_tokens=96).token_ids
+    body = chat_body(prompt, max_tokens=96, stream=True, response_format={
+        "type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True}})
+    killed, events = None, []
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        for event in iter_sse(response):
+            events.append(event)
+            if killed is None and len(events) >= 3:
+                killed = holder_of(stack, events[0]["id"])
+                stack.kill(killed)
+    assert killed is not None and events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    final = chunks[-1]["choices"][0]
+    assert final["token_ids"] == expected and final["finish_reason"] == "stop"
+    text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+    jsonschema.validate(json.loads(text), CITY_SCHEMA)
+    stack.spawn_verify(killed)
+    stack.wait_ready()

@@ -126,7 +126,7 @@ def test_a_spec_carries_its_sampling_params_whole():
     body = EXAMPLES[0].to_dict()
     assert body["sampling"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 3, "presence_penalty": 0.0,
                                 "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": [],
-                                "logprobs": None}
+                                "logprobs": None, "grammar": None}
     assert "temperature" not in body  # one object, not its fields copied beside the others
     del body["sampling"]  # a spec without one samples greedily
     raw = msgpack.packb({"v": protocol.PROTOCOL_VERSION, "kind": "session_spec", "body": body})

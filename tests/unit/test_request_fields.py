@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT
 
 
 def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with_why():
-    defaults = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+    defaults = {"tools": [], "tool_choice": "auto",
                 "store": False, "service_tier": "default", "modalities": ["text"], "verbosity": "medium"}
     assert fields.first_refused(defaults, fields.CHAT) is None
     assert fields.first_refused({}, fields.CHAT) is None  # absent is the default
@@ -23,7 +23,7 @@ def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with
                                          fields.CHAT)
     assert param == "tools"  # the first in the table's order
     assert detail == 'must be empty or absent: tool calling is not served yet (got [{"type": "function"}])'
-    assert fields.first_refused({"response_format": {"type": "json_schema"}}, fields.CHAT)[0] == "response_format"
+    assert fields.first_refused({"tool_choice": "required"}, fields.CHAT)[0] == "tool_choice"
 
 
 def test_a_default_matches_in_type_too_where_json_tells_them_apart():
@@ -98,3 +98,24 @@ def test_every_refusal_rule_is_a_field_of_its_schema():
     assert set(fields.COMPLETIONS) <= set(CompletionRequest.model_fields)
     assert set(fields.MESSAGE) <= set(ChatMessage.model_fields)
     assert set(fields.STREAM_OPTIONS) <= set(StreamOptions.model_fields)
+
+
+def test_formats_become_grammar_text_and_bad_ones_name_their_field():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = ChatCompletionRequest.model_validate(
+        {**body, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert '"a"' in chat.sampling().grammar
+    assert ChatCompletionRequest.model_validate({**body, "response_format": {"type": "json_object"}}).sampling().grammar
+    assert ChatCompletionRequest.model_validate({**body, "response_format": {"type": "text"}}).sampling().grammar is None
+    completion = CompletionRequest.model_validate({"model": "m", "prompt": "a",
+                                                   "structured_outputs": {"choice": ["yes", "no"]}})
+    assert "yes" in completion.sampling().grammar
+    for bad, field in [({"response_format": {"type": "xml"}}, "response_format"),
+                       ({"response_format": {"type": "json_schema"}}, "response_format"),
+                       ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs"),
+                       ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+                       ({"structured_outputs": {"json": "{not json"}}, "structured_outputs")]:
+        with pytest.raises(ValidationError) as refused:
+            ChatCompletionRequest.model_validate({**body, **bad})
+        assert refused.value.errors()[0]["loc"][0] == field, bad
