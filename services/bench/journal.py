@@ -6,8 +6,9 @@ after an interruption and only run what is missing. Its first line is the
 run's fingerprint (target, weights, tokens, sampling, speculative settings,
 chat template, threads): resuming under a different one is refused, since
 the numbers would not be comparable. Each run also records a hash of its
-prompt's token ids, so a run is reused only for the very same prompt, not
-for another prompt that happens to share its id.
+prompt's token ids (and of the JSON schema its answer was held to, if any),
+so a run is reused only for the very same request, not for another prompt
+that happens to share its id.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ class JournalMismatch(ValueError):
     """The journal in the output folder was written by a run with other settings, or would be lost."""
 
 
-def prompt_hash(prompt_ids: Sequence[int]) -> str:
-    return hashlib.blake2b(json.dumps(list(prompt_ids)).encode(), digest_size=8).hexdigest()
+def prompt_hash(prompt_ids: Sequence[int], schema: dict | None = None) -> str:
+    """A hash of the request: its prompt's token ids, and its answer's schema (a prompt without one hashes as it
+    always did, so older journals still resume)."""
+    text = json.dumps(list(prompt_ids))
+    if schema is not None:
+        text += json.dumps(schema, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _differences(old: dict, new: dict) -> str:
@@ -93,13 +99,15 @@ class Journal:
             os.replace(fresh, self.path)
         logger.info("journal %s: %d runs already done", self.path, sum(map(len, self._done.values())))
 
-    def done(self, mode: str, prompt_id: str, prompt_ids: Sequence[int]) -> list[GenerationResult]:
-        """The finished runs of this prompt (same id, same tokens) in this mode, oldest first."""
-        return list(self._done.get((mode, prompt_id, prompt_hash(prompt_ids)), ()))
+    def done(self, mode: str, prompt_id: str, prompt_ids: Sequence[int],
+             schema: dict | None = None) -> list[GenerationResult]:
+        """The finished runs of this prompt (same id, same tokens, same schema) in this mode, oldest first."""
+        return list(self._done.get((mode, prompt_id, prompt_hash(prompt_ids, schema)), ()))
 
-    def record(self, mode: str, prompt_id: str, prompt_ids: Sequence[int], result: GenerationResult) -> None:
+    def record(self, mode: str, prompt_id: str, prompt_ids: Sequence[int], result: GenerationResult,
+               schema: dict | None = None) -> None:
         assert not self.read_only, "a read-only journal records nothing"
-        digest = prompt_hash(prompt_ids)
+        digest = prompt_hash(prompt_ids, schema)
         self._done[(mode, prompt_id, digest)].append(result)
         with self.path.open("a") as handle:
             handle.write(json.dumps({"mode": mode, "prompt_id": prompt_id, "prompt_hash": digest,

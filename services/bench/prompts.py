@@ -2,13 +2,14 @@
 
 A record with several user turns is a conversation: the bench runs its turns in order, each mode answering
 every turn with its own earlier answers in context (as Spec-Bench's runner does), and reports the turns after
-the first as a group of their own (`turn2+`)."""
+the first as a group of their own (`turn2+`). A record's `schema` (a JSON schema, data/extraction.jsonl) is the
+format of its answers, every turn's (services/bench/formats.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,8 @@ DEV_PROMPTS_PATH = Path(__file__).resolve().parents[2] / "data" / "dev_prompts.j
 # Conversations whose later turns rework earlier output, one extraction schema over many documents, code edited
 # step by step (data/README.md): where drafting from the fleet's earlier outputs pays.
 REPEATED_WORK_PATH = DEV_PROMPTS_PATH.parent / "repeated_work.jsonl"
+# Extraction prompts, each with the JSON schema its answer must follow (structured output, data/README.md).
+EXTRACTION_PATH = DEV_PROMPTS_PATH.parent / "extraction.jsonl"
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class BenchPrompt:
     prompt: str  # the first user turn (the only one of a single-turn prompt)
     context_chars: int = 0
     later_turns: tuple[str, ...] = ()  # a conversation's next user turns, in order
+    schema: dict | None = field(default=None, hash=False)  # the JSON schema its answers follow; None: free text
 
     @property
     def group(self) -> str:
@@ -57,12 +61,20 @@ class Turn:
     id: str
     messages: list[dict]
     prompt_ids: list[int]
+    schema: dict | None = None  # the prompt's: the format this turn's answer is asked for
 
 
 def _user_turns(turns: object, line_number: int, field: str) -> list[str]:
     if not isinstance(turns, list) or not turns or not all(isinstance(turn, str) and turn for turn in turns):
         raise ValueError(f"line {line_number}: {field!r} must hold at least one user turn, each a non-empty string")
     return turns
+
+
+def _schema(record: dict, line_number: int) -> dict | None:
+    schema = record.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError(f"line {line_number}: 'schema' must be a JSON schema (an object), got {schema!r}")
+    return schema
 
 
 def _from_record(record: dict, line_number: int) -> BenchPrompt:
@@ -72,12 +84,13 @@ def _from_record(record: dict, line_number: int) -> BenchPrompt:
             str(record.get("category", "default")),
             record["prompt"],
             int(record.get("context_chars", 0)),
+            schema=_schema(record, line_number),
         )
     if "turns" in record:  # Spec-Bench question.jsonl (MT-bench's two turns), or ours multi-turn
         turns = _user_turns(record["turns"], line_number, "turns")
         return BenchPrompt(str(record.get("id", record.get("question_id", line_number))),
                            str(record.get("category", "default")), turns[0], int(record.get("context_chars", 0)),
-                           tuple(turns[1:]))
+                           tuple(turns[1:]), _schema(record, line_number))
     if "conversations" in record:  # ShareGPT: its user turns; the bench answers them with each mode's own words
         conversation = record["conversations"]
         turns = [turn.get("value") for turn in conversation if isinstance(turn, dict)

@@ -41,6 +41,13 @@ class Aggregate:
     rouge_l: float | None = None
     num_mismatches: int = 0
     synthetic: bool = False  # acceptance chosen by a synthetic draft, not earned, or a random-weight target
+    # structured output (prompts with a schema): answers asked for one, the share that parse as JSON and match it,
+    # and the draft tokens the grammar forced (counted in the rounds' drafts too) and of them accepted
+    num_formatted: int = 0
+    num_valid: int = 0
+    valid_share: float | None = None  # num_valid / num_formatted; None when no prompt had a schema
+    num_forced_draft_tokens: int = 0
+    num_forced_accepted_tokens: int = 0
 
 
 def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
@@ -53,6 +60,8 @@ def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
     rouge = [run.rouge_l for run in runs if run.rouge_l is not None]
     decoding = [run.result for run in runs if run.result.num_tokens > 1]
     decode_tokens = sum(result.num_tokens - 1 for result in decoding)
+    formatted = [run for run in runs if run.matches_schema is not None]
+    num_valid = sum(1 for run in formatted if run.matches_schema)
     return Aggregate(
         mode=mode,
         scope=scope,
@@ -73,6 +82,11 @@ def aggregate(mode: str, scope: str, runs: list[PromptRun]) -> Aggregate:
         rouge_l=sum(rouge) / len(rouge) if rouge else None,
         num_mismatches=sum(1 for run in runs if run.matches_ar is False),
         synthetic="synthetic" in mode,
+        num_formatted=len(formatted),
+        num_valid=num_valid,
+        valid_share=num_valid / len(formatted) if formatted else None,
+        num_forced_draft_tokens=stats.num_forced_draft_tokens,
+        num_forced_accepted_tokens=stats.num_forced_accepted_tokens,
     )
 
 
@@ -145,10 +159,20 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
 
 
+def _format_cells(row: Aggregate) -> list[str]:
+    """Structured output: valid answers (parse as JSON, match the schema) of those asked for one, and the draft
+    tokens the grammar forced and of them accepted."""
+    valid = "-" if row.valid_share is None else f"{row.valid_share:.0%} ({row.num_valid}/{row.num_formatted})"
+    return [valid, str(row.num_forced_draft_tokens), str(row.num_forced_accepted_tokens)]
+
+
 def to_markdown(rows: list[Aggregate]) -> str:
+    """The structured-output columns appear when some prompt had a schema."""
+    formats = any(row.num_formatted for row in rows)
     columns = ["mode", "scope", "prompts", "tokens", "tok/s", "ms/token", "TTFT ms", "rounds", "acceptance",
                "mean acc. len", "acc. per position", "speedup vs ar", "TPOT ms", "decode x ar", "c", "bound",
                "measured/bound", "curve bound", "measured/curve bound", "ROUGE-L", "mismatches"]
+    columns += ["valid JSON", "forced draft tokens", "forced accepted"] if formats else []
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         mode = f"{row.mode} (synthetic)" if row.synthetic else row.mode
@@ -162,6 +186,7 @@ def to_markdown(rows: list[Aggregate]) -> str:
                  _fmt(row.cost_ratio, ".3f"), _fmt(row.leviathan_bound, ".2f"), _fmt(row.measured_over_bound, ".0%"),
                  _fmt(row.curve_bound, ".2f"), _fmt(row.measured_over_curve_bound, ".0%"),
                  _fmt(row.rouge_l, ".3f"), str(row.num_mismatches)]
+        cells += _format_cells(row) if formats else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -180,6 +205,8 @@ def to_json(rows: list[Aggregate], runs_by_mode: dict[str, list[PromptRun]], met
                 "group": run.group,
                 "matches_ar": run.matches_ar,
                 "rouge_l": run.rouge_l,
+                "parses_as_json": run.parses_as_json,
+                "matches_schema": run.matches_schema,
                 **{k: v for k, v in run.result.to_dict().items() if k != "text"},
             }
             for runs in runs_by_mode.values()

@@ -9,12 +9,21 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.bench.formats import check_schemas, constrained
 from services.bench.journal import JOURNAL_NAME, Journal
 from services.bench.peers import hf_generate, parse_peer_mode
 from services.bench.plots import plot_acceptance_per_position, plot_speedup
 from services.bench.prompts import BenchPrompt, Turn, stratified
 from services.bench.report import build_report, to_json, to_markdown
-from services.bench.runner import Encode, PromptRun, RunPrompt, check_against_ar, run_interleaved, score_rouge_l
+from services.bench.runner import (
+    Encode,
+    PromptRun,
+    RunPrompt,
+    check_against_ar,
+    check_formats,
+    run_interleaved,
+    score_rouge_l,
+)
 from services.config import Settings
 from services.engine import GenerationOptions, GenerationResult, generate
 from services.engine.profile import cached_verify_profile, measure_cost_model
@@ -72,6 +81,11 @@ class BenchConfig:
         if not self.chat and conversation is not None:
             raise ValueError(f"prompt {conversation.id!r} has {len(conversation.turns)} turns: a conversation needs "
                              "the chat template (leave out --no-chat, or keep first turns with --max-turns 1)")
+        formatted = next((prompt for prompt in self.prompts if prompt.schema is not None), None)
+        peer = next((mode for mode in self.modes if mode.startswith("hf-")), None)
+        if formatted is not None and peer is not None:
+            raise ValueError(f"prompt {formatted.id!r} asks for a JSON schema, which transformers' {peer} mode "
+                             "cannot follow: leave the hf-* modes out, or choose prompts without a schema")
 
     def fingerprint(self, target: LoadedModel, settings: Settings) -> dict:
         """What must match for journalled runs to be reused (modes and prompts may differ: they are per run,
@@ -167,13 +181,16 @@ def _in_process_mode(mode: str, target: LoadedModel, settings: Settings) -> tupl
     if settings.speculative.block_policy == "cost" and not source.is_none:
         cost = measure_cost_model(target, source, settings.cache_dir)
         logger.info("%s: cost model %s", mode, cost)
-    return (lambda turn, options: generate(target, source, turn.prompt_ids, replace(options, cost=cost)),
+    return (lambda turn, options: generate(target, source, turn.prompt_ids,
+                                           replace(constrained(options, turn.schema), cost=cost)),
             source.references)
 
 
 def run_bench(config: BenchConfig, settings: Settings, target: LoadedModel, out_dir: Path) -> BenchOutcome:
     options = GenerationOptions(sampling=config.sampling, max_new_tokens=config.max_new_tokens,
                                 speculative=settings.speculative, chunk_size=settings.prefill_chunk_size)
+    if not config.report_only:
+        check_schemas(config.prompts, target)
     with ExitStack() as resources:
         modes: dict[str, RunPrompt] = {}
         books: list[ReferenceBook] = []
@@ -229,11 +246,13 @@ def _reference_publisher(config: BenchConfig, settings: Settings,
 def _report(config: BenchConfig, target: LoadedModel, runs_by_mode: dict[str, list[PromptRun]], transport: dict,
             out_dir: Path, journal_path: Path, labels: dict[str, dict] | None = None, *,
             cache_dir: Path | None = None) -> BenchOutcome:
-    """labels: the synthetic label of each mode that has one (services/synthetic.py), in every report.
+    """Greedy checks and ROUGE-L against ar, format checks, then results.json, results.md and the plots.
+    labels: the synthetic label of each mode that has one (services/synthetic.py), in every report.
     cache_dir: where the target's cost curve is kept (the one-row verify profile the in-process modes' cost
     models read, services/engine/profile.py); None: measured here every time."""
-    """Greedy checks and ROUGE-L against ar, then results.json, results.md and the plots."""
     mismatches: dict[str, list[str]] = {}
+    for runs in runs_by_mode.values():
+        check_formats(runs)
     if "ar" in runs_by_mode:
         for mode, runs in runs_by_mode.items():
             if mode == "ar":

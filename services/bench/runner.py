@@ -1,4 +1,4 @@
-"""Run prompts through one mode and collect per-prompt results; greedy checks against `ar`."""
+"""Run prompts through one mode and collect per-prompt results; greedy checks against `ar`, format checks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
+from services.bench.formats import check_output
 from services.bench.journal import Journal
 from services.bench.prompts import BenchPrompt, Turn, next_messages
 from services.engine import GenerationOptions, GenerationResult
@@ -24,6 +25,9 @@ class PromptRun:
     rouge_l: float | None = None  # ROUGE-L F1 of the text against the ar run's
     turn: int = 1  # which user turn of the prompt this run answered (1 = the first)
     prompt_ids: list[int] = field(default_factory=list)  # the turn's input, as this mode's own chat made it
+    # for a prompt with a schema: whether the answer is JSON, and valid against the schema (None: no schema)
+    parses_as_json: bool | None = None
+    matches_schema: bool | None = None
 
     @property
     def id(self) -> str:
@@ -66,9 +70,10 @@ def run_interleaved(
             if turn > 1:
                 messages = {mode: next_messages(messages[mode], answers[mode], prompt.turns[turn - 1])
                             for mode in modes}
-            inputs = {mode: Turn(prompt.turn_id(turn), chat, encode(chat)) for mode, chat in messages.items()}
-            done = {mode: journal.done(mode, turn_input.id, turn_input.prompt_ids)[:repeat] if journal else []
-                    for mode, turn_input in inputs.items()}
+            inputs = {mode: Turn(prompt.turn_id(turn), chat, encode(chat), prompt.schema)
+                      for mode, chat in messages.items()}
+            done = {mode: journal.done(mode, turn_input.id, turn_input.prompt_ids, turn_input.schema)[:repeat]
+                    if journal else [] for mode, turn_input in inputs.items()}
             if journalled_only and any(len(results) < repeat for results in done.values()):
                 break  # the later turns' chats need this turn's answers
             for mode, run_prompt in modes.items():
@@ -80,7 +85,7 @@ def run_interleaved(
                 for _ in range(repeat - len(results)):
                     result = run_prompt(turn_input, options)
                     if journal is not None:
-                        journal.record(mode, turn_input.id, turn_input.prompt_ids, result)
+                        journal.record(mode, turn_input.id, turn_input.prompt_ids, result, turn_input.schema)
                     results.append(result)
                 answers[mode] = results[0].text
                 for result in results:
@@ -111,3 +116,10 @@ def score_rouge_l(runs: list[PromptRun], ar_runs: list[PromptRun]) -> None:
         if run.id in reference:
             same = run.result.text == reference[run.id]  # rouge-score drops non-ASCII words: "" vs "" is 0
             run.rouge_l = 1.0 if same else scorer.score(reference[run.id], run.result.text)["rougeL"].fmeasure
+
+
+def check_formats(runs: list[PromptRun]) -> None:
+    """Mark each run of a prompt with a schema: does its answer parse as JSON, and match the schema."""
+    for run in runs:
+        if run.prompt.schema is not None:
+            run.parses_as_json, run.matches_schema = check_output(run.result.text, run.prompt.schema)

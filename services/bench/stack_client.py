@@ -6,6 +6,7 @@ import logging
 
 import httpx
 
+from services.bench.formats import response_format
 from services.bench.prompts import Turn
 from services.engine import GenerationOptions, GenerationResult
 from services.gateway_client import GatewayHTTPError, chat_body, stream_chat
@@ -15,21 +16,24 @@ logger = logging.getLogger(__name__)
 
 
 def _stats(payload: dict) -> SpecDecodingStats:
-    stats = SpecDecodingStats()
-    stats.num_drafts = payload.get("num_drafts", 0)
-    stats.num_draft_tokens = payload.get("num_draft_tokens", 0)
-    stats.num_accepted_tokens = payload.get("num_accepted_tokens", 0)
-    stats.num_target_calls = payload.get("num_rounds", 0)
-    stats.num_draft_tokens_per_pos = list(payload.get("num_draft_tokens_per_pos", []))
-    stats.num_accepted_tokens_per_pos = list(payload.get("num_accepted_tokens_per_pos", []))
-    return stats
+    """The response's mirror_sd stats, every counter it carries (suffix and forced drafts too); its rounds are the
+    target calls."""
+    return SpecDecodingStats.from_wire({**payload, "num_target_calls": payload.get("num_rounds", 0)})
+
+
+def request_body(model: str, turn: Turn, options: GenerationOptions) -> dict:
+    """A turn's streamed chat request: its messages, the run's sampling, and its schema as response_format."""
+    sampling = options.sampling
+    body = chat_body(model, turn.messages, options.max_new_tokens, temperature=sampling.temperature,
+                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
+    if turn.schema is not None:
+        body["response_format"] = response_format(turn.schema)
+    return body
 
 
 def run_one(client: httpx.Client, model: str, turn: Turn, options: GenerationOptions) -> GenerationResult:
     """One turn through the gateway: its chat messages (the stack's own earlier answers in them), streamed."""
-    sampling = options.sampling
-    body = chat_body(model, turn.messages, options.max_new_tokens, temperature=sampling.temperature,
-                     top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
+    body = request_body(model, turn, options)
     try:
         answer = stream_chat(client, body).raise_for_error(turn.id)
     except GatewayHTTPError as exc:

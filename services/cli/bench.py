@@ -287,6 +287,10 @@ def _bench_concurrency(*, prompts: str, modes: str, target: str | None, limit: i
         # a closed loop of independent requests: a conversation's first turn only (docs/benchmarks.md)
         chosen = select_prompts(chosen, limit=limit, per_group=per_group, max_turns=1,
                                 categories=categories.split(",") if categories else None)
+        formatted = sum(1 for prompt in chosen if prompt.schema is not None)
+        if formatted:  # its greedy reference and hf-batch decode free text, so its requests ask for no format
+            typer.echo(f"note: --concurrency sends no response_format: {formatted} prompts' schemas are not asked for",
+                       err=True)
         config = ConcurrencyConfig(levels=parse_levels(levels), modes=parse_concurrency_modes(modes, baseline_url),
                                    prompts=chosen, max_tokens=max_new_tokens, url=url, model=settings.target,
                                    baseline_url=baseline_url, api_key=api_key,

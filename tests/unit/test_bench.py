@@ -268,3 +268,142 @@ def test_merging_bench_documents_and_table():
     }
     table = render(report)
     assert "| | warm / cold | 5.5% |" in table and "8 / 7" in table and "baseline (merging off) | 5.00 s" in table
+
+
+INVOICE = {"type": "object", "properties": {"total": {"type": "number"}, "paid": {"type": "boolean"}},
+           "required": ["total", "paid"], "additionalProperties": False}
+
+
+def test_a_record_with_a_schema_asks_for_it_over_http_and_in_the_sampling(tmp_path):
+    from services.bench.formats import constrained
+    from services.bench.prompts import Turn
+    from services.bench.stack_client import request_body
+    from services.engine import GenerationOptions
+    from services.speculative.grammar import json_schema_grammar
+    from services.speculative.params import SamplingParams
+
+    path = tmp_path / "set.jsonl"
+    path.write_text(json.dumps({"id": "i", "category": "extraction", "prompt": "P", "schema": INVOICE}) + "\n"
+                    + json.dumps({"id": "f", "category": "qa", "prompt": "Q"}) + "\n")
+    formatted, free = load_prompts(path)
+    assert formatted.schema == INVOICE and free.schema is None
+    options = GenerationOptions(sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=5), max_new_tokens=8)
+    assert constrained(options, None) is options
+    held = constrained(options, INVOICE)  # the run's sampling, held to the schema's grammar
+    assert held.sampling == SamplingParams(temperature=0.7, top_p=0.9, seed=5, grammar=json_schema_grammar(INVOICE))
+    assert held.max_new_tokens == 8
+    messages = [{"role": "user", "content": "P"}]
+    body = request_body("m", Turn("i", messages, [1], INVOICE), options)
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": INVOICE, "strict": True}}
+    assert (body["messages"], body["temperature"], body["top_p"], body["seed"]) == (messages, 0.7, 0.9, 5)
+    assert "response_format" not in request_body("m", Turn("f", messages, [1]), options)
+    path.write_text(json.dumps({"id": "i", "prompt": "P", "schema": "an invoice"}) + "\n")
+    with pytest.raises(ValueError, match="line 1: 'schema' must be a JSON schema"):
+        load_prompts(path)
+
+
+def test_in_process_modes_decode_each_turn_under_its_prompts_schema(monkeypatch):
+    from types import SimpleNamespace
+
+    from services.bench import run as bench_run
+    from services.bench.runner import run_interleaved
+    from services.engine import GenerationOptions
+    from services.speculative.grammar import json_schema_grammar
+    from services.speculative.params import SamplingParams
+
+    grammars = []
+
+    def generate(target, source, prompt_ids, options):
+        grammars.append(options.sampling.grammar)
+        return GenerationResult("{}", [1], len(prompt_ids), "stop", SpecDecodingStats(), "none", 0.0, 0.0)
+
+    monkeypatch.setattr(bench_run, "generate", generate)
+    monkeypatch.setattr(bench_run, "load_draft_source", lambda *args, **kwargs: SimpleNamespace(is_none=True,
+                                                                                                references=None))
+    settings = SimpleNamespace(speculative=SimpleNamespace(block_policy="acceptance"), llamacpp=None, cache_dir=None,
+                               suffix=None)
+    run_prompt, _ = bench_run._in_process_mode("ar", None, settings)
+    prompts = [BenchPrompt("i", "extraction", "P", schema=INVOICE), BenchPrompt("f", "qa", "Q")]
+    options = GenerationOptions(sampling=SamplingParams(temperature=0.5), max_new_tokens=4)
+    run_interleaved({"ar": run_prompt}, prompts, lambda messages: [7], options, warmup=0, progress=False)
+    assert grammars == [json_schema_grammar(INVOICE), None]
+
+
+def formatted_run(prompt_id, category, text, schema, forced=(0, 0)):
+    stats = SpecDecodingStats()
+    if forced[0]:  # a round whose block the grammar forced whole
+        stats.observe(forced[0], forced[1])
+        stats.num_forced_draft_tokens, stats.num_forced_accepted_tokens = forced
+    result = GenerationResult(text, [1, 2], 5, "stop", stats, "sd:x", 0.01, 1.0)
+    return PromptRun("sd:x", BenchPrompt(prompt_id, category, "p", 10, schema=schema), result)
+
+
+def test_answers_are_checked_against_their_schema_and_the_valid_share_reported_per_category():
+    from services.bench.formats import check_output
+    from services.bench.report import to_json
+    from services.bench.runner import check_formats
+
+    assert check_output('{"total": 12.5, "paid": false}\n', INVOICE) == (True, True)
+    assert check_output('{"total": "12.5", "paid": false}', INVOICE) == (True, False)  # a string for the number
+    assert check_output('{"total": 1, "paid": true, "note": ""}', INVOICE) == (True, False)  # a key not allowed
+    assert check_output('{"total": 12.5, "pa', INVOICE) == (False, False)  # cut at max_new_tokens
+    runs = [formatted_run("a", "extraction", '{"total": 3, "paid": true}', INVOICE, forced=(4, 3)),
+            formatted_run("b", "extraction", '{"total": 3}', INVOICE, forced=(2, 2)),
+            formatted_run("c", "qa", "free text", None)]
+    check_formats(runs)
+    assert [(run.parses_as_json, run.matches_schema) for run in runs] == [(True, True), (True, False), (None, None)]
+    rows = {row.scope: row for row in build_report({"sd:x": runs})}
+    extraction = rows["category:extraction"]
+    assert (extraction.num_formatted, extraction.num_valid, extraction.valid_share) == (2, 1, 0.5)
+    assert rows["category:qa"].valid_share is None and rows["all"].valid_share == 0.5
+    assert (rows["all"].num_forced_draft_tokens, rows["all"].num_forced_accepted_tokens) == (6, 5)
+    table = to_markdown([rows["all"], extraction, rows["category:qa"]])
+    assert table.splitlines()[0].endswith("| mismatches | valid JSON | forced draft tokens | forced accepted |")
+    assert "| 50% (1/2) | 6 | 5 |" in table and "| - | 0 | 0 |" in table
+    records = to_json([], {"sd:x": runs}, {})["runs"]
+    assert [(run["parses_as_json"], run["matches_schema"]) for run in records] == [
+        (True, True), (True, False), (None, None)]
+    assert records[0]["stats"]["num_forced_draft_tokens"] == 4
+    assert "valid JSON" not in to_markdown(build_report({"ar": [fake_run("ar", "1", 0, [1], 1.0)]}))
+
+
+def test_the_stack_modes_stats_keep_the_forced_and_suffix_counts():
+    from services.bench.stack_client import _stats
+
+    payload = {"request_id": "r", "num_rounds": 3, "num_cached_tokens": 0, "verify_worker": None, "num_drafts": 2,
+               "num_draft_tokens": 6, "num_accepted_tokens": 4, "acceptance_rate": 4 / 6,
+               "mean_acceptance_length": 3.0, "num_draft_tokens_per_pos": [2, 2, 2],
+               "num_accepted_tokens_per_pos": [2, 1, 1], "num_suffix_drafts": 1, "num_history_drafts": 0,
+               "num_suffix_draft_tokens": 3, "num_suffix_accepted_tokens": 1, "num_forced_draft_tokens": 3,
+               "num_forced_accepted_tokens": 3}
+    stats = _stats(payload)
+    assert (stats.num_target_calls, stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (3, 2, 6, 4)
+    assert stats.num_accepted_tokens_per_pos == [2, 1, 1] and stats.num_suffix_draft_tokens == 3
+    assert (stats.num_forced_draft_tokens, stats.num_forced_accepted_tokens) == (3, 3)
+    assert _stats({}) == SpecDecodingStats()  # a stack that sent no stats
+
+
+def test_a_journalled_run_is_reused_only_under_the_same_schema(tmp_path):
+    import hashlib
+
+    from services.bench.journal import Journal, prompt_hash
+
+    assert prompt_hash([1, 2]) == hashlib.blake2b(b"[1, 2]", digest_size=8).hexdigest()  # older journals resume
+    assert prompt_hash([1, 2], INVOICE) != prompt_hash([1, 2])
+    journal = Journal(tmp_path / "runs.jsonl", {"f": 1}, resume=None)
+    result = GenerationResult("{}", [1], 2, "stop", SpecDecodingStats(), "none", 0.0, 0.0)
+    journal.record("ar", "i", [1, 2], result, INVOICE)
+    assert journal.done("ar", "i", [1, 2], INVOICE) and not journal.done("ar", "i", [1, 2])
+    assert Journal(tmp_path / "runs.jsonl", {"f": 1}, resume=True).done("ar", "i", [1, 2], INVOICE)
+
+
+def test_transformers_modes_are_refused_with_a_schema():
+    from services.bench.run import BenchConfig
+    from services.speculative.params import SamplingParams
+
+    prompts = [BenchPrompt("i", "extraction", "P", schema=INVOICE)]
+    with pytest.raises(ValueError, match="prompt 'i' asks for a JSON schema, which transformers' hf-lookup mode"):
+        BenchConfig(modes=["ar", "hf-lookup"], prompts=prompts, sampling=SamplingParams(), max_new_tokens=4)
+    assert BenchConfig(modes=["ar", "sd:ngram", "stack"], prompts=prompts, sampling=SamplingParams(),
+                       max_new_tokens=4).modes
