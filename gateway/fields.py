@@ -1,5 +1,5 @@
 """What the gateway does with each request field it knows but does not serve: it accepts such a field only at the
-value that asks for nothing (its default: `logprobs: false`, `tools: []`), and refuses any other value
+value that asks for nothing (its default: `functions: []`, `audio: null`), and refuses any other value
 with a 400 that names the field and says why. Nothing is silently ignored.
 
 Pure decisions over a request's validated values; gateway/schemas.py calls `refuse_unsupported` after its own
@@ -52,10 +52,9 @@ def _one_of(*values: Any) -> Callable[[Any], bool]:
 NOT_YET = "not served yet"
 
 CHAT = {
-    "tools": Refusal("empty", f"tool calling is {NOT_YET}", _empty),
-    "tool_choice": Refusal('"none" or "auto"', f"tool calling is {NOT_YET}", _one_of(None, "none", "auto")),
-    "functions": Refusal("empty", f"function calling is {NOT_YET}", _empty),
-    "function_call": Refusal('"none" or "auto"', f"function calling is {NOT_YET}", _one_of(None, "none", "auto")),
+    "functions": Refusal("empty", "the deprecated function calling is not served (use tools)", _empty),
+    "function_call": Refusal('"none" or "auto"', "the deprecated function calling is not served (use tools)",
+                             _one_of(None, "none", "auto")),
     "audio": Refusal("null", "audio output is not served: the model writes text", _absent),
     "modalities": Refusal('["text"]', "the model writes text only",
                           lambda value: value is None or set(value) <= {"text"}),
@@ -81,9 +80,7 @@ STREAM_OPTIONS = {
 
 MESSAGE = {
     "name": Refusal("null", "the chat template takes no participant names", _absent),
-    "tool_calls": Refusal("empty", f"tool calling is {NOT_YET}", _empty),
-    "tool_call_id": Refusal("null", f"tool calling is {NOT_YET}", _absent),
-    "function_call": Refusal("null", f"function calling is {NOT_YET}", _absent),
+    "function_call": Refusal("null", "the deprecated function calling is not served (use tools)", _absent),
     "audio": Refusal("null", "audio is not served: the model reads and writes text", _absent),
     "refusal": Refusal("null", "the chat template has no place for a refusal", _absent),
 }

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from gateway import fields
 from gateway.fields import Refusal, check_part, refuse_unsupported
 from gateway.formats import response_format_grammar, structured_outputs_grammar
+from gateway.tools import ToolPlan, plan_tool_call
 from services.speculative.params import BIAS_LIMIT, MAX_LOGPROBS, PENALTY_LIMIT, REPETITION_RANGE, SamplingParams
 
 
@@ -181,6 +182,22 @@ class ChatMessage(Strict):
     audio: dict | None = None
     refusal: str | None = None
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls(cls, value: list[dict] | None) -> list[dict] | None:
+        import json
+
+        for index, call in enumerate(value or []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ValueError(f'tool_calls[{index}] must be {{"type": "function", "function": {{"name", '
+                                 '"arguments"}}}}')
+            try:
+                json.loads(function.get("arguments") or "{}")
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"tool_calls[{index}].function.arguments is not JSON text: {exc}") from exc
+        return value
+
     @model_validator(mode="after")
     def _supported(self) -> "ChatMessage":
         self.refuse(fields.MESSAGE)
@@ -208,7 +225,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict | None = None
     tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tool_choice: str | dict | None = Field(None, validate_default=True)
     functions: list[dict] | None = None
     function_call: str | dict | None = None
     audio: dict | None = None
@@ -234,13 +251,27 @@ class ChatCompletionRequest(SamplingFields):
         response_format_grammar(value)  # a ValueError here is a 400 naming the field
         return value
 
+    _tools: ToolPlan | None = PrivateAttr(None)  # a tool call asked for (gateway/tools.py)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict | None, info) -> str | dict | None:
+        plan_tool_call(info.data.get("tools"), value)  # a ValueError here is a 400 naming the field
+        return value
+
     @model_validator(mode="after")
     def _one_format(self) -> "ChatCompletionRequest":
         grammar = response_format_grammar(self.response_format)
-        if grammar is not None and self._grammar is not None:
-            raise ValueError("response_format and structured_outputs: give one")
-        self._grammar = grammar or self._grammar
+        self._tools = plan_tool_call(self.tools, self.tool_choice)
+        formats = [g for g in (grammar, self._grammar, self._tools and self._tools.grammar) if g is not None]
+        if len(formats) > 1:
+            raise ValueError("one format at a time: response_format, structured_outputs or a tool call")
+        self._grammar = formats[0] if formats else None
         return self
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        return self._tools
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":

@@ -33,6 +33,7 @@ from gateway.streams.tally import StreamShare, claim_across_gateways
 from gateway.streams.reader import AnswerCancelled, RequestTimeout, read_output
 from gateway.streams.logprobs import LogprobsCursor, token_strings
 from gateway.streams.text import IncrementalText, sd_stats
+from gateway.tools import history_message, tool_calls, tools_note
 from gateway.sessions.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
 from services.protocol import OutputEvent, answer_cancel_key, output_stream
@@ -230,6 +231,11 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
     body["choices"][0]["logprobs"] = logprobs.take(everything=True)
+    plan = getattr(params, "tool_plan", None)
+    calls = tool_calls(plan, text.text()) if plan is not None and body["choices"][0]["finish_reason"] == "stop" else []
+    if calls:
+        body["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        body["choices"][0]["finish_reason"] = "stop" if plan.named else "tool_calls"
     return JSONResponse(body)
 
 
@@ -238,9 +244,17 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
     request_id, model = submitted.request_id, state.model.name
     text = IncrementalText(state.model.tokenizer, params.stop)
     logprobs = _logprobs(state, params, chat)
+    plan = getattr(params, "tool_plan", None)  # a tool call: its arguments come whole, with the last chunk
 
     def chunk(delta: str, finish_reason: str | None = None, first: bool = False) -> dict:
-        if chat:
+        if plan is not None and not first:  # the call at the end; an answer cut short comes as its text
+            calls = tool_calls(plan, text.text()) if finish_reason == "stop" else []
+            body = ({"tool_calls": [dict(call, index=0) for call in calls]} if calls else
+                    {"content": text.text()} if finish_reason else {})
+            finish_reason = "tool_calls" if calls and plan.named is None else finish_reason
+            payload = responses.chat_chunk(request_id=request_id, model=model, delta=body,
+                                           finish_reason=finish_reason)
+        elif chat:
             body = {"role": "assistant", "content": delta} if first else ({"content": delta} if delta else {})
             payload = responses.chat_chunk(request_id=request_id, model=model, delta=body,
                                            finish_reason=finish_reason)
@@ -274,7 +288,7 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
                         yield chunk(text.feed(event.token_ids) + text.finish(), event.finish_reason)
                     else:
                         delta = text.feed(event.token_ids)
-                        if delta:
+                        if delta and plan is None:  # a tool call's arguments come whole, at the end
                             yield chunk(delta)
             except AnswerCancelled:  # this client's DELETE; the generation goes on for the others
                 yield chunk(text.finish(), "cancelled")
@@ -313,7 +327,10 @@ async def completions(body: CompletionRequest, request: Request, caller: Caller 
 async def chat_completions(body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)):
     state = _state(request)
     check_model(state, body.model)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    messages = [history_message({"role": "system" if m.role == "developer" else m.role, "content": m.text(),
+                                 "tool_calls": m.tool_calls}) for m in body.messages]
+    if body.tool_plan is not None:  # what the model calls, said in words (its answer is held to the schema)
+        messages.insert(0, {"role": "system", "content": tools_note(body.tool_plan)})
 
     def encode() -> list[int]:
         try:

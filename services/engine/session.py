@@ -62,7 +62,9 @@ class GenerationSession:
         self.prompt_ids = list(prompt_ids)
         self.logprobs = TokenLogprobs()  # of output_ids, when the sampling params ask for them
         self._remembered = False
-        self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling)
+        # target-only decoding (no drafter) decodes a token a forward, a grammar's forced tokens included
+        self.target_session = TargetSession(self.engine, prompt_ids, output=output, sampling=self.sampling,
+                                            forced_drafts=drafter is not None)
         link_target(drafter, self.target_session)  # a draft that copies the target takes its KV of the prompt
         self._plain_opening = opens_plain(options.speculative, len(self.prompt_ids),
                                           reads_prompt(drafter))

@@ -59,7 +59,7 @@ class TargetSession:
 
     def __init__(self, engine: TargetEngine, prompt_ids: Sequence[int], *, output: OutputState,
                  sampling: SamplingParams = SamplingParams(), stats: SpecDecodingStats | None = None,
-                 round_index: int = 0) -> None:
+                 round_index: int = 0, forced_drafts: bool = True) -> None:
         target = engine.target
         check_request_fits(target.name, target.max_context, len(prompt_ids))
         self.engine = engine
@@ -69,6 +69,7 @@ class TargetSession:
         self.sampling = sampling
         self.stats = stats or SpecDecodingStats()
         self.round_index = round_index  # rounds committed so far = the next round's number
+        self.forced_drafts = forced_drafts  # a grammar's forced tokens drafted (False: one token a forward)
         self.grammar = None if sampling.grammar is None else GrammarState(
             sampling.grammar, target.tokenizer, target.vocab_size, target.eos_token_ids, output.output_ids)
         self.sequence = engine.new_sequence()
@@ -128,14 +129,14 @@ class TargetSession:
         """The block under the grammar: the tokens it forces first (free, whoever drafted), then the drafter's
         tokens where they begin with those, cut at the first token the grammar forbids, then the tokens the
         grammar forces after them."""
-        room = min(MAX_FORCED_TOKENS, self.room)
-        head = self.grammar.forced()[:room]
+        room = min(MAX_FORCED_TOKENS, self.room) if self.forced_drafts else 0
+        head = self.grammar.forced()[:room] if room else []
         draft_ids = self._draft_ids
         if head and draft_ids[: len(head)] != head:
             draft_ids, self._draft_probs, self._drafter = head, None, FORCED_DRAFTER
         valid = self.grammar.valid_prefix(draft_ids)
         draft_ids = draft_ids[:valid]
-        tail = self.grammar.forced(draft_ids)[: max(0, room - len(draft_ids))]
+        tail = self.grammar.forced(draft_ids)[: room - len(draft_ids)] if room > len(draft_ids) else []
         if self._draft_probs is not None:
             self._draft_probs = self._draft_probs[:valid]
             if tail:  # the forced tail is a point mass each: one-hot rows beside the drafter's own

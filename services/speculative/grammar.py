@@ -32,10 +32,16 @@ def llguidance():
     return llguidance
 
 
+# JSON without free whitespace: compact, one way to write each value. A schema's keys and punctuation are then
+# forced (drafted for free), and a small model cannot stall on newlines and indentation until max_tokens: on the
+# extraction set's first prompts, free whitespace ran out of 128 tokens on 3 of 4, compact JSON finished in 65-79.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
 def json_schema_grammar(schema: dict | bool) -> str:
     """A JSON schema (OpenAI's json_schema.schema; `{"type": "object"}` for json_object) as grammar text."""
     try:
-        return llguidance().LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        return llguidance().LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
     except ValueError as exc:
         raise GrammarError(f"not a JSON schema: {exc}") from exc
 

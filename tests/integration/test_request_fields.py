@@ -56,9 +56,6 @@ def assert_refused(response, param: str, code: str = "unsupported_parameter") ->
 
 
 CHAT_REFUSED = [
-    ("tools", {"tools": [TOOL], "tool_choice": "required"}),
-    ("tool_choice", {"tool_choice": "required"}),
-    ("tool_choice", {"tool_choice": {"type": "function", "function": {"name": "weather"}}}),
     ("functions", {"functions": [TOOL["function"]]}),
     ("function_call", {"function_call": {"name": "weather"}}),
     ("audio", {"audio": {"voice": "alloy", "format": "wav"}}),
@@ -73,9 +70,6 @@ CHAT_REFUSED = [
     ("messages[0].name", {"messages": [{"role": "user", "content": "Hello", "name": "ada"}]}),
     ("messages[0].content[1].type", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}),
-    ("messages[1].tool_calls", {"messages": [*HELLO, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}]}),
-    ("messages[0].tool_call_id", {"messages": [{"role": "tool", "content": "sunny", "tool_call_id": "c1"}]}),
 ]
 
 
@@ -122,6 +116,11 @@ def test_chat_fields_at_their_defaults_no_ops_and_extensions_are_accepted(http):
     assert_accepted(chat(http, **SERVED))
     assert_accepted(chat(http, response_format={"type": "json_object"}))
     assert_accepted(chat(http, structured_outputs={"regex": "[0-9]{3}"}))
+    assert_accepted(chat(http, tools=[TOOL], tool_choice="required"))
+    assert_accepted(chat(http, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "weather"}}))
+    assert_accepted(chat(http, messages=[*HELLO, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]))
     message = {"role": "user", "content": [{"type": "text", "text": "Hello"}], "name": None, "tool_calls": None,
                "tool_call_id": None, "function_call": None, "audio": None, "refusal": None}
     assert_accepted(chat(http, messages=[{"role": "system", "content": "Be brief."}, message,
@@ -174,6 +173,10 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
         refused = chat(http, **fields)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (fields, refused.text)
     assert complete(http, structured_outputs={"regex": "(unclosed"}).json()["error"]["param"] == "structured_outputs"
+    for fields in [{"tool_choice": "required"}, {"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": "auto"},
+                   {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "time"}}}]:
+        refused = chat(http, **fields)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice", (fields, refused.text)
     empty = http.post("/v1/chat/completions")
     assert empty.status_code == 400 and empty.json()["error"]["message"] == "missing request body (a JSON object)"
 
@@ -181,9 +184,12 @@ def test_bad_values_of_served_fields_name_the_field_where_it_is(http):
 def test_the_openai_client_sees_a_refusal_as_bad_request_with_the_param(http):
     client = openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model=MODEL, messages=HELLO, tools=[TOOL], tool_choice="required")
+        client.chat.completions.create(model=MODEL, messages=HELLO, functions=[TOOL["function"]])
     assert (refused.value.status_code, refused.value.param, refused.value.code) == (
-        400, "tools", "unsupported_parameter")
+        400, "functions", "unsupported_parameter")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=HELLO, tools=[TOOL], tool_choice="auto")
+    assert refused.value.param == "tool_choice" and '"auto" is not served' in refused.value.message
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"min_p": 0.05})
     assert (refused.value.param, refused.value.code) == ("min_p", "unknown_parameter")

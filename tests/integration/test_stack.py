@@ -650,3 +650,36 @@ def test_a_verify_worker_killed_mid_json_answers_the_same_valid_json(stack, clie
     jsonschema.validate(json.loads(text), CITY_SCHEMA)
     stack.spawn_verify(killed)
     stack.wait_ready()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def test_tool_calls_named_and_required_come_back_as_tool_calls_and_the_result_goes_on(openai_client):
+    import jsonschema
+
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    answer = openai_client.chat.completions.create(
+        model=MODEL, messages=question, tools=[WEATHER], max_tokens=64, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    chunks = list(openai_client.chat.completions.create(
+        model=MODEL, messages=question, tools=[WEATHER], tool_choice="required", max_tokens=64, temperature=0,
+        stream=True))
+    streamed = [tool for chunk in chunks for c in chunk.choices if c.delta.tool_calls for tool in c.delta.tool_calls]
+    assert len(streamed) == 1 and streamed[0].function.name == "get_weather"
+    assert [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason] == ["tool_calls"]
+    assert not any(c.delta.content for chunk in chunks for c in chunk.choices)
+    follow = openai_client.chat.completions.create(
+        model=MODEL, max_tokens=16, temperature=0,
+        messages=[*question, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "12 degrees and rain"}])
+    assert follow.choices[0].message.content and not follow.choices[0].message.tool_calls

@@ -15,15 +15,16 @@ from tests.conftest import REPO_ROOT
 
 
 def test_a_value_that_asks_for_nothing_is_accepted_and_any_other_is_refused_with_why():
-    defaults = {"tools": [], "tool_choice": "auto",
+    defaults = {"functions": [], "function_call": "auto",
                 "store": False, "service_tier": "default", "modalities": ["text"], "verbosity": "medium"}
     assert fields.first_refused(defaults, fields.CHAT) is None
     assert fields.first_refused({}, fields.CHAT) is None  # absent is the default
-    param, detail = fields.first_refused({**defaults, "tools": [{"type": "function"}], "store": True},
+    param, detail = fields.first_refused({**defaults, "functions": [{"name": "f"}], "store": True},
                                          fields.CHAT)
-    assert param == "tools"  # the first in the table's order
-    assert detail == 'must be empty or absent: tool calling is not served yet (got [{"type": "function"}])'
-    assert fields.first_refused({"tool_choice": "required"}, fields.CHAT)[0] == "tool_choice"
+    assert param == "functions"  # the first in the table's order
+    assert detail == ('must be empty or absent: the deprecated function calling is not served (use tools) '
+                      '(got [{"name": "f"}])')
+    assert fields.first_refused({"function_call": {"name": "f"}}, fields.CHAT)[0] == "function_call"
 
 
 def test_a_default_matches_in_type_too_where_json_tells_them_apart():
@@ -107,7 +108,8 @@ def test_formats_become_grammar_text_and_bad_ones_name_their_field():
         {**body, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
     assert '"a"' in chat.sampling().grammar
     assert ChatCompletionRequest.model_validate({**body, "response_format": {"type": "json_object"}}).sampling().grammar
-    assert ChatCompletionRequest.model_validate({**body, "response_format": {"type": "text"}}).sampling().grammar is None
+    text = ChatCompletionRequest.model_validate({**body, "response_format": {"type": "text"}})
+    assert text.sampling().grammar is None
     completion = CompletionRequest.model_validate({"model": "m", "prompt": "a",
                                                    "structured_outputs": {"choice": ["yes", "no"]}})
     assert "yes" in completion.sampling().grammar
@@ -119,3 +121,21 @@ def test_formats_become_grammar_text_and_bad_ones_name_their_field():
         with pytest.raises(ValidationError) as refused:
             ChatCompletionRequest.model_validate({**body, **bad})
         assert refused.value.errors()[0]["loc"][0] == field, bad
+
+
+def test_a_tool_call_is_planned_and_auto_or_a_call_without_tools_names_the_field():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    named = ChatCompletionRequest.model_validate({**body, "tools": [tool], "tool_choice": {
+        "type": "function", "function": {"name": "weather"}}})
+    assert named.tool_plan.named == "weather" and '"city"' in named.sampling().grammar
+    required = ChatCompletionRequest.model_validate({**body, "tools": [tool], "tool_choice": "required"})
+    assert required.tool_plan.named is None and '"weather"' in required.sampling().grammar
+    assert ChatCompletionRequest.model_validate({**body, "tools": [tool], "tool_choice": "none"}).tool_plan is None
+    for bad in [{"tools": [tool]}, {"tools": [tool], "tool_choice": "auto"}, {"tool_choice": "required"},
+                {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "time"}}},
+                {"tools": [{"type": "function", "function": {"name": "bad name"}}], "tool_choice": "required"}]:
+        with pytest.raises(ValidationError) as refused:
+            ChatCompletionRequest.model_validate({**body, **bad})
+        assert refused.value.errors()[0]["loc"][0] == "tool_choice", bad
