@@ -104,3 +104,21 @@ def history_message(message: dict[str, Any]) -> dict[str, Any]:
                    for call in calls]
         return {"role": "assistant", "content": json.dumps(written[0] if len(written) == 1 else written)}
     return {"role": message["role"], "content": message.get("content") or ""}
+
+
+def answer_as_call(choice: dict[str, Any], plan: ToolPlan | None, text: str) -> None:
+    """A chat body's choice, rewritten in place as the call its text is (finished answers only; one cut short
+    keeps its text)."""
+    calls = tool_calls(plan, text) if plan is not None and choice["finish_reason"] == "stop" else []
+    if calls:
+        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        choice["finish_reason"] = "stop" if plan.named else "tool_calls"
+
+
+def call_delta(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """A streamed tool call's chunk delta and finish reason: nothing until the end, then the call whole (or, cut
+    short, the text)."""
+    calls = tool_calls(plan, text) if finish_reason == "stop" else []
+    if calls:
+        return {"tool_calls": [dict(call, index=0) for call in calls]}, "stop" if plan.named else "tool_calls"
+    return ({"content": text} if finish_reason else {}), finish_reason

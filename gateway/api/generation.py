@@ -33,7 +33,7 @@ from gateway.streams.tally import StreamShare, claim_across_gateways
 from gateway.streams.reader import AnswerCancelled, RequestTimeout, read_output
 from gateway.streams.logprobs import LogprobsCursor, token_strings
 from gateway.streams.text import IncrementalText, sd_stats
-from gateway.tools import history_message, tool_calls, tools_note
+from gateway.tools import answer_as_call, call_delta, history_message, tools_note
 from gateway.sessions.submit import Submitted, admit, check_model, submit
 from services.models.tokenization import encode_messages
 from services.protocol import OutputEvent, answer_cancel_key, output_stream
@@ -52,14 +52,7 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
     """Admission first (a burst is answered before any tokenizing), then the session; the slot is given back
     when the answer ends, however it ends."""
     state = _state(request)
-    per_key = state.settings.gateway.max_inflight_per_key if caller.api_key_id is not None else 0
-    room = choices_room(state.admission.limit(caller.priority), per_key)
-    if (params.n or 1) > room:
-        early = early_ticket(request)
-        if early is not None:
-            state.admission.release(early)
-        raise APIError(400, f"n must be <= {room} here: each choice is a session with an admission slot of its own, "
-                            f"and a {caller.priority}-priority request gets at most {room} (got {params.n})", param="n")
+    _check_choices_room(request, state, params, caller)
     ticket = early_ticket(request) or await admit(state, caller)
     if (params.n or 1) > 1:
         return await _generate_choices(request, state, params, caller, chat=chat, encode=encode, ticket=ticket)
@@ -77,6 +70,18 @@ async def _generate(request: Request, params: SamplingFields, caller: Caller, *,
         return await _collect(request, state, submitted, params, chat)
     finally:
         state.admission.release(ticket)
+
+
+def _check_choices_room(request: Request, state: GatewayState, params: SamplingFields, caller: Caller) -> None:
+    """More choices than the request could ever hold slots for is a 400 naming n (not a wait ending in a 503)."""
+    per_key = state.settings.gateway.max_inflight_per_key if caller.api_key_id is not None else 0
+    room = choices_room(state.admission.limit(caller.priority), per_key)
+    if (params.n or 1) > room:
+        early = early_ticket(request)
+        if early is not None:
+            state.admission.release(early)
+        raise APIError(400, f"n must be <= {room} here: each choice is a session with an admission slot of its own, "
+                            f"and a {caller.priority}-priority request gets at most {room} (got {params.n})", param="n")
 
 
 async def _submit(state: GatewayState, caller: Caller, params: SamplingFields, prompt_ids: list[int], *,
@@ -231,11 +236,7 @@ async def _collect(request: Request, state: GatewayState, submitted: Submitted, 
     if params.return_token_ids:
         body["choices"][0]["token_ids"] = text.token_ids
     body["choices"][0]["logprobs"] = logprobs.take(everything=True)
-    plan = getattr(params, "tool_plan", None)
-    calls = tool_calls(plan, text.text()) if plan is not None and body["choices"][0]["finish_reason"] == "stop" else []
-    if calls:
-        body["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-        body["choices"][0]["finish_reason"] = "stop" if plan.named else "tool_calls"
+    answer_as_call(body["choices"][0], getattr(params, "tool_plan", None), text.text())
     return JSONResponse(body)
 
 
@@ -247,11 +248,8 @@ async def _stream(request: Request, state: GatewayState, submitted: Submitted, p
     plan = getattr(params, "tool_plan", None)  # a tool call: its arguments come whole, with the last chunk
 
     def chunk(delta: str, finish_reason: str | None = None, first: bool = False) -> dict:
-        if plan is not None and not first:  # the call at the end; an answer cut short comes as its text
-            calls = tool_calls(plan, text.text()) if finish_reason == "stop" else []
-            body = ({"tool_calls": [dict(call, index=0) for call in calls]} if calls else
-                    {"content": text.text()} if finish_reason else {})
-            finish_reason = "tool_calls" if calls and plan.named is None else finish_reason
+        if plan is not None and not first:
+            body, finish_reason = call_delta(plan, text.text(), finish_reason)
             payload = responses.chat_chunk(request_id=request_id, model=model, delta=body,
                                            finish_reason=finish_reason)
         elif chat:

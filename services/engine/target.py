@@ -117,8 +117,8 @@ class TargetSession:
     def set_draft(self, draft_ids: Sequence[int], draft_probs: torch.Tensor | None = None,
                   drafter: str = "") -> None:
         """The block this round verifies (empty: a target-only round). draft_probs [n, vocab] or None; drafter:
-        who made it (stats count suffix drafts apart). Under a grammar the block is cut at its first forbidden
-        token, or replaced by the tokens the grammar forces (services/speculative/grammar.py)."""
+        who made it (stats count suffix drafts apart). Under a grammar, the tokens it forces open and close the
+        block and the drafter's are cut at the first one it forbids (_constrain_draft)."""
         assert len(draft_ids) <= self.room, f"{len(draft_ids)} draft tokens overflow the context"
         self._draft_ids, self._draft_probs, self._drafter = list(draft_ids), draft_probs, drafter
         self._forced = (0, 0, 0)
@@ -144,7 +144,7 @@ class TargetSession:
                 rows[torch.arange(len(tail)), torch.tensor(tail)] = 1.0
                 self._draft_probs = torch.cat([self._draft_probs, rows])
         self._draft_ids = [*draft_ids, *tail]
-        self._forced = (len(head), len(draft_ids), len(tail))
+        self._forced = (min(len(head), len(draft_ids)), len(draft_ids), len(tail))
 
     def prepare(self, token_budget: int | None = None) -> ForwardRow:
         """This step's row: the uncached committed tokens and the draft block, or, when that exceeds the

@@ -71,6 +71,15 @@ class GrammarState:
         self._matcher.consume_token(token_id)
         return True
 
+    def drafting(self, context_ids: Sequence[int], num_committed: int) -> "DraftMasks | None":
+        """Masks for a model draft proposing after context_ids, whose first num_committed tokens are what this
+        state has seen (a pipelined draft reads further: those tokens are fed first); None where they break
+        the grammar (the draft then goes unmasked: any draft is lossless)."""
+        ahead = list(context_ids[num_committed:])
+        if len(context_ids) < num_committed or self.valid_prefix(ahead) < len(ahead):
+            return None
+        return DraftMasks(self, ahead)
+
     def commit(self, token_ids: Sequence[int]) -> None:
         self.num_consumed += sum(self._consume(token_id) for token_id in token_ids)
         self._check()
@@ -96,3 +105,23 @@ def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     masked = torch.full_like(logits, float("-inf"))
     masked[:, :width] = torch.where(allowed[:, :width], logits[:, :width], masked[:, :width])
     return masked
+
+
+class DraftMasks:
+    """A model draft's view of the grammar while it proposes one block: allowed() before each token, push() each
+    token drafted, close() when done (the grammar state is back where it was)."""
+
+    def __init__(self, state: GrammarState, ahead: Sequence[int]) -> None:
+        self.state = state
+        self.fed = sum(state._consume(token_id) for token_id in ahead)
+
+    def allowed(self) -> torch.Tensor:
+        return self.state._allowed()
+
+    def push(self, token_id: int) -> None:
+        if self.state.valid_prefix([token_id]) == 1:
+            self.fed += self.state._consume(token_id)
+
+    def close(self) -> None:
+        self.state._matcher.rollback(self.fed)
+        self.fed = 0

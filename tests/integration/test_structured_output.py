@@ -98,3 +98,24 @@ def test_a_regex_and_bad_grammars(builtin_target, person_prompt):
         check_grammar(regex_grammar("[a-"), tokenizer, len(tokenizer), [tokenizer.eos_token_id])
     with pytest.raises(GrammarError):
         check_grammar(json_schema_grammar({"type": "frobnicate"}), tokenizer, len(tokenizer), [2])
+
+
+def test_a_model_draft_linked_to_its_session_proposes_only_what_the_grammar_allows(builtin_target, person_prompt):
+    from services.models.drafters.batched import DraftEngine
+    from services.models.drafters.target_kv import link_target
+
+    sampling = SamplingParams(grammar=json_schema_grammar(PERSON))
+    output = OutputState.for_request(builtin_target, max_new_tokens=64)
+    session = TargetSession(TorchEngine(builtin_target), person_prompt, output=output, sampling=sampling)
+    drafter = DraftEngine.on_torch(builtin_target.with_precision("fp32")).new_drafter()
+    link_target(drafter, session)
+    for _ in range(3):  # part way into the object
+        session.set_draft([])
+        run_step(session.engine, [session])
+    for ahead in ([], session.grammar.forced()):  # from the committed tokens, and (pipelined) past them
+        proposal = drafter.propose([*session.token_ids, *ahead], 8, sampling, None)
+        assert len(proposal.token_ids) == 8
+        assert session.grammar.valid_prefix([*ahead, *proposal.token_ids]) == len(ahead) + 8
+    session.set_draft(drafter.propose(session.token_ids, 8, sampling, None).token_ids)
+    assert len(session.draft_ids) >= 8  # nothing cut (the forced tail may add more)
+    assert run_step(session.engine, [session])[0].verification.num_accepted >= 8  # a copy of the target, masked

@@ -33,6 +33,7 @@ from services.models.drafters.base import DraftProposal, Drafter, longer_allowed
 from services.models.kv_cache import common_prefix_length
 from services.models.loading import LoadedModel
 from services.speculative.params import SamplingParams
+from services.speculative.grammar_state import mask_logits
 from services.speculative.processing import DraftProcessing
 from services.speculative.sampling import sample_from_probs, warp_logits
 
@@ -126,15 +127,20 @@ class DraftEngine:
         active = [index for index, count in enumerate(wanted) if count > 0]
         tokens: list[list[int]] = [[] for _ in calls]
         probs: list[list[torch.Tensor]] = [[] for _ in calls]
+        masks = {}
         if active:
             logits = dict(zip(active, self._sync([calls[index] for index in active])))
             processing = {index: DraftProcessing(calls[index].context_ids, calls[index].sampling,
                                                  logits[index].shape[-1])
                           for index in active if DraftProcessing.needed(calls[index].sampling)}
+            masks = {index: found for index in active
+                     if (found := grammar_masks(calls[index].drafter, calls[index].context_ids)) is not None}
             while active:
                 for index in active:
                     call = calls[index]
                     row = logits[index] if index not in processing else processing[index].apply(logits[index])
+                    if index in masks:  # the session's grammar: the draft proposes only what it allows
+                        row = mask_logits(row[None], masks[index].allowed()[None])[0]
                     if call.sampling.greedy:
                         token_id = int(row.argmax().item())
                     else:
@@ -144,6 +150,8 @@ class DraftEngine:
                     tokens[index].append(token_id)
                     if index in processing:
                         processing[index].add(token_id)
+                    if index in masks:
+                        masks[index].push(token_id)
                 active = [index for index in active if len(tokens[index]) < wanted[index]]
                 if not active:
                     break
@@ -151,8 +159,24 @@ class DraftEngine:
                 for index, row_logits in zip(active, self.engine.forward(rows)):
                     calls[index].drafter.cached_ids.append(tokens[index][-1])
                     logits[index] = row_logits[0]
+        for found in masks.values():
+            found.close()
         return [DraftProposal(tokens[index], torch.stack(probs[index]) if probs[index] else None)
                 for index in range(len(calls))]
+
+
+def grammar_masks(drafter: "EngineDrafter", context_ids: Sequence[int]):
+    """Where the drafter's session decodes under a grammar (its target linked: target_kv.py link_target), the
+    masks its proposals follow; else None."""
+    target = drafter.grammar_source
+    grammar = getattr(target, "grammar", None)
+    if grammar is None:
+        return None
+    committed = target.token_ids
+    recent = max(0, len(committed) - 8)  # a context that left the committed tokens is not masked (tail checked)
+    if list(context_ids[recent:len(committed)]) != committed[recent:]:
+        return None
+    return grammar.drafting(context_ids, len(committed))
 
 
 class EngineDrafter:
@@ -167,6 +191,7 @@ class EngineDrafter:
         self.cached_ids: list[int] = []  # what the sequence holds: view(context)'s tokens, from its start
         self.start = 0  # the first context position the draft reads (bound_draft_context)
         self.target_link = None  # its session's target, where this draft takes the target's KV (target_kv.py)
+        self.grammar_source = None  # its session's target (a TargetSession), whose grammar its proposals follow
 
     def propose(self, context_ids: Sequence[int], num_draft_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> DraftProposal:

@@ -155,6 +155,7 @@ def link_target(drafter, target) -> bool:
     model = engine_drafter(drafter)
     if model is None or target is None:
         return False
+    model.grammar_source = target  # its proposals follow the session's grammar, if it has one
     kv_bridge = bridge_for(model.draft_engine, target.engine)
     if kv_bridge is None:
         return False
