@@ -50,6 +50,11 @@ class GatewayMetrics:
         self.accepted_by_drafter = Counter(
             "mirror_sd:spec_decode_num_accepted_tokens_by_drafter", "Draft tokens accepted, by who drafted the block "
             "(suffix and history together: suffix)", ["drafter"], registry=r)
+        self.forced_draft_tokens = Counter(
+            "mirror_sd:spec_decode_num_forced_draft_tokens", "Draft tokens a request's grammar forced (structured "
+            "output: drafted for free, whoever drafted)", registry=r)
+        self.forced_accepted_tokens = Counter(
+            "mirror_sd:spec_decode_num_forced_accepted_tokens", "Forced draft tokens accepted", registry=r)
         # several gateway processes on one port: the live processes' sum
         self.inflight = Gauge("mirror_sd:requests_inflight", "Requests being served", registry=r,
                               multiprocess_mode="livesum")
@@ -110,6 +115,8 @@ class GatewayMetrics:
                 self.drafts_by_drafter.labels(drafter).inc(drafts)
             self.accepted_by_drafter.labels("suffix").inc(stats.num_suffix_accepted_tokens)
             self.accepted_by_drafter.labels("model").inc(stats.num_accepted_tokens - stats.num_suffix_accepted_tokens)
+            self.forced_draft_tokens.inc(stats.num_forced_draft_tokens)
+            self.forced_accepted_tokens.inc(stats.num_forced_accepted_tokens)
 
 
 def drafts_by_drafter(stats) -> dict[str, int]:

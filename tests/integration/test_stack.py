@@ -648,6 +648,9 @@ def test_a_verify_worker_killed_mid_json_answers_the_same_valid_json(stack, clie
     assert final["token_ids"] == expected and final["finish_reason"] == "stop"
     text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
     jsonschema.validate(json.loads(text), CITY_SCHEMA)
+    forced = [line for line in client.get("/metrics").text.splitlines()
+              if line.startswith("mirror_sd:spec_decode_num_forced_draft_tokens_total ")]
+    assert forced and float(forced[0].split()[-1]) > 0  # the grammar's forced tokens, counted on /metrics
     stack.spawn_verify(killed)
     stack.wait_ready()
 
