@@ -36,8 +36,7 @@ class GrammarState:
         then `after` (valid tokens: valid_prefix)."""
         consumed = sum(self._consume(token_id) for token_id in after)
         forced = [] if self._matcher.is_stopped() else list(self._matcher.compute_ff_tokens())
-        self._matcher.rollback(consumed)
-        self._check()
+        self._unfeed(consumed)
         return forced
 
     def _allowed(self) -> torch.Tensor:
@@ -60,9 +59,13 @@ class GrammarState:
             rows.append(self._allowed())
             if index < len(draft_ids) and self._consume(draft_ids[index]):
                 consumed += 1
-        self._matcher.rollback(consumed)
-        self._check()
+        self._unfeed(consumed)
         return torch.stack(rows)
+
+    def _unfeed(self, num_tokens: int) -> None:
+        """Take back the last num_tokens fed (a block's, a draft's: never committed)."""
+        self._matcher.rollback(num_tokens)
+        self._check()
 
     def _consume(self, token_id: int) -> bool:
         """Feed one token; none once the grammar is complete (what follows is the end of the answer)."""
@@ -119,9 +122,9 @@ class DraftMasks:
         return self.state._allowed()
 
     def push(self, token_id: int) -> None:
-        if self.state.valid_prefix([token_id]) == 1:
+        if self.state.valid_prefix([token_id]) == 1:  # a forbidden token would put the matcher in error for good
             self.fed += self.state._consume(token_id)
 
     def close(self) -> None:
-        self.state._matcher.rollback(self.fed)
+        self.state._unfeed(self.fed)
         self.fed = 0

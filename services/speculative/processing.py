@@ -29,20 +29,28 @@ def process_logits(logits: torch.Tensor, prompt_ids: Sequence[int], output_ids: 
     target-only decoding would see it after output_ids + draft_ids[:i]."""
     num_rows, vocab_size = logits.shape
     assert num_rows == len(draft_ids) + 1, f"expected {len(draft_ids) + 1} rows, got {num_rows}"
-    scores = logits.float().clone()
-    if params.logit_bias:
-        pairs = [(token_id, bias) for token_id, bias in params.logit_bias if token_id < vocab_size]
-        if pairs:
-            ids = torch.tensor([token_id for token_id, _ in pairs], dtype=torch.long)
-            scores[:, ids] += torch.tensor([bias for _, bias in pairs], dtype=scores.dtype)
+    scores = _add_bias(logits.float().clone(), params)
     if params.repetition_penalty != 1.0:
         seen = _counts([*prompt_ids, *output_ids], draft_ids, vocab_size) > 0  # [num_rows, vocab]
-        penalty = params.repetition_penalty
-        scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
+        scores = _penalize_repeats(scores, seen, params.repetition_penalty)
     if params.frequency_penalty or params.presence_penalty:
         counts = _counts(output_ids, draft_ids, vocab_size)  # [num_rows, vocab]
         scores -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(scores.dtype)
     return scores
+
+
+def _add_bias(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logit_bias added in place to scores [..., vocab] (ids past the vocabulary dropped)."""
+    pairs = [(token_id, bias) for token_id, bias in params.logit_bias if token_id < scores.shape[-1]]
+    if pairs:
+        ids = torch.tensor([token_id for token_id, _ in pairs], dtype=torch.long)
+        scores[..., ids] += torch.tensor([bias for _, bias in pairs], dtype=scores.dtype)
+    return scores
+
+
+def _penalize_repeats(scores: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty where `seen`: a positive logit divided by it, a negative one multiplied."""
+    return torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
 
 
 def _counts(token_ids: Sequence[int], draft_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -67,26 +75,20 @@ class DraftProcessing:
         self.params = params
         self.seen = torch.zeros(vocab_size, dtype=torch.bool)
         if params.repetition_penalty != 1.0:
-            ids = torch.tensor([t for t in context_ids if t < vocab_size], dtype=torch.long)
-            self.seen[ids] = True
-        pairs = [(token_id, bias) for token_id, bias in params.logit_bias if token_id < vocab_size]
-        self.bias_ids = torch.tensor([token_id for token_id, _ in pairs], dtype=torch.long)
-        self.bias = torch.tensor([bias for _, bias in pairs], dtype=torch.float32)
+            self.seen[torch.tensor([t for t in context_ids if t < vocab_size], dtype=torch.long)] = True
 
     @staticmethod
     def needed(params: SamplingParams) -> bool:
         return params.repetition_penalty != 1.0 or bool(params.logit_bias)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """One position's logits [vocab] -> processed (float32, a new tensor)."""
-        scores = logits.float().clone()
-        width = min(scores.shape[-1], self.seen.shape[0])
-        if self.bias_ids.numel():
-            scores[self.bias_ids] += self.bias
+        """One position's logits [vocab] -> processed (float32, a new tensor), as process_logits' row would be
+        without the output-only penalties."""
+        scores = _add_bias(logits.float().clone(), self.params)
         penalty = self.params.repetition_penalty
         if penalty != 1.0:
-            seen, head = self.seen[:width], scores[:width]
-            scores[:width] = torch.where(seen, torch.where(head > 0, head / penalty, head * penalty), head)
+            width = min(scores.shape[-1], self.seen.shape[0])
+            scores[:width] = _penalize_repeats(scores[:width], self.seen[:width], penalty)
         return scores
 
     def add(self, token_id: int) -> None:
